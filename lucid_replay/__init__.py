@@ -1,0 +1,41 @@
+"""lucid_replay: episode-granular, prioritized sequence replay for PyTorch.
+
+The data path is ``Episode -> storage -> sampling -> window -> batch``: whole episodes go into
+a transition ring (`SequenceReplay`, `PrioritizedSequenceReplay`), anchors are drawn uniformly
+or by priority, each anchor expands to a chunk or a `Window`, and records are gathered into a
+`Batch` / `WindowBatch` on the learner's device.
+"""
+
+from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
+from lucid_replay.episode import Episode
+from lucid_replay.errors import (
+    CheckpointError,
+    InvalidArgumentError,
+    LucidReplayError,
+    ReuseLimitError,
+    SchemaDtypeError,
+    SchemaError,
+    UnknownEpisodeError,
+)
+from lucid_replay.prioritized import PrioritizedSequenceReplay
+from lucid_replay.replay import SequenceReplay
+from lucid_replay.window import Window
+
+__all__ = [
+    "Batch",
+    "CheckpointError",
+    "Episode",
+    "InvalidArgumentError",
+    "LucidReplayError",
+    "PrioritizedBatch",
+    "PrioritizedSequenceReplay",
+    "ReuseLimitError",
+    "SchemaDtypeError",
+    "SchemaError",
+    "SequenceReplay",
+    "UnknownEpisodeError",
+    "Window",
+    "WindowBatch",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,177 @@
+"""Batches: gathering records out of the ring and moving them to the learner's device."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TypeVar
+
+import attrs
+import torch
+
+from lucid_replay.storage import TransitionRing
+
+__all__ = ["Batch", "PrioritizedBatch", "WindowBatch"]
+
+_DeviceLike = torch.device | str
+_Moved = TypeVar("_Moved", bound="attrs.AttrsInstance")
+
+
+def gather(
+    ring: TransitionRing, positions: torch.Tensor, device: torch.device
+) -> Mapping[str, torch.Tensor]:
+    """Gather ring slots ``positions`` (``[B, W]``) for every field onto ``device``.
+
+    With CPU storage and a CUDA target the records are gathered into pinned host memory
+    (PyTorch's caching host allocator reuses it) and copied with ``non_blocking=True``, so the
+    copy overlaps whatever the learner's stream is doing.
+    """
+    if ring.device == device:
+        return MappingProxyType(ring.gather(positions))
+    if ring.device.type == "cpu" and device.type == "cuda":
+        pinned = {
+            name: torch.empty(
+                (*positions.shape, *store.shape[1:]), dtype=store.dtype, pin_memory=True
+            )
+            for name, store in ring.fields.items()
+        }
+        host = ring.gather(positions, out=pinned)
+        return MappingProxyType({k: v.to(device, non_blocking=True) for k, v in host.items()})
+    return MappingProxyType({k: v.to(device) for k, v in ring.gather(positions).items()})
+
+
+def _to_device(value: object, device: _DeviceLike, non_blocking: bool) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=non_blocking)
+    if isinstance(value, Mapping):
+        return MappingProxyType(
+            {k: v.to(device, non_blocking=non_blocking) for k, v in value.items()}
+        )
+    return value
+
+
+def _moved(instance: _Moved, device: _DeviceLike, non_blocking: bool) -> _Moved:
+    """A copy of the attrs instance with every tensor (also inside mappings) on ``device``."""
+    changes = {
+        field.name: _to_device(getattr(instance, field.name), device, non_blocking)
+        for field in attrs.fields(type(instance))
+    }
+    # The attrs mypy plugin cannot see through a TypeVar bound to AttrsInstance.
+    return attrs.evolve(instance, **changes)  # type: ignore[misc]
+
+
+@attrs.frozen(eq=False)
+class Batch:
+    """``B`` chunks of ``length`` consecutive steps, each from one stored episode.
+
+    Attributes
+    ----------
+    data
+        Field name -> ``[B, length, *field_shape]`` tensor (also ``batch[name]``).
+    episode_ids
+        int64 ``[B]``: the episode each chunk came from.
+    starts
+        int64 ``[B]``: the step of the episode at which each chunk starts.
+    """
+
+    data: Mapping[str, torch.Tensor]
+    episode_ids: torch.Tensor
+    starts: torch.Tensor
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.data[name]
+
+    def to(self, device: _DeviceLike, non_blocking: bool = False) -> Batch:
+        """Return a copy with every tensor on ``device``."""
+        return _moved(self, device, non_blocking)
+
+
+@attrs.frozen(eq=False)
+class PrioritizedBatch(Batch):
+    """A `Batch` drawn by priority, with what `PrioritizedSequenceReplay` needs back.
+
+    Attributes
+    ----------
+    indices
+        int64 ``[B]``: the episode ids, to pass to
+        `PrioritizedSequenceReplay.update_priorities`.
+    weights
+        float32 ``[B]``: importance-sampling weights, largest 1 (see
+        `PrioritizedSequenceReplay`).
+    """
+
+    indices: torch.Tensor
+    weights: torch.Tensor
+
+
+@attrs.frozen(eq=False)
+class WindowBatch:
+    """``B`` windows of ``W = window.size`` records each (see `Window`).
+
+    Attributes
+    ----------
+    data
+        Field name -> ``[B, W, *field_shape]`` (also ``batch[name]``). Invalid records carry
+        the data of the step they were clamped to.
+    learning_mask, validity_mask, is_init, terminal
+        bool ``[B, W]``. ``learning_mask``: the record is in the learning region.
+        ``validity_mask``: the record is the step it targets (not clamped). ``is_init``: the
+        first valid record of the window, or a valid record at step 0 of an episode.
+        ``terminal``: the record is the last step of a terminated episode.
+    record_episode_ids, record_steps, step_in_sequence
+        int64 ``[B, W]``: the episode and step each record holds; ``step_in_sequence[b, k] ==
+        k``.
+    episode_ids, anchor_steps
+        int64 ``[B]``: the anchors as drawn.
+    weights
+        float32 ``[B]`` importance-sampling weights of a prioritized draw, else ``None``.
+    """
+
+    data: Mapping[str, torch.Tensor]
+    learning_mask: torch.Tensor
+    validity_mask: torch.Tensor
+    is_init: torch.Tensor
+    terminal: torch.Tensor
+    record_episode_ids: torch.Tensor
+    record_steps: torch.Tensor
+    step_in_sequence: torch.Tensor
+    episode_ids: torch.Tensor
+    anchor_steps: torch.Tensor
+    weights: torch.Tensor | None
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.data[name]
+
+    @property
+    def batch_size(self) -> int:
+        """``B``, the number of windows."""
+        return int(self.episode_ids.shape[0])
+
+    @property
+    def window_size(self) -> int:
+        """``W``, records per window."""
+        return int(self.learning_mask.shape[1])
+
+    def flat(self) -> dict[str, torch.Tensor]:
+        """Every data field and per-record entry reshaped to ``[B * W, ...]``.
+
+        Adds ``sequence_id`` (int64 ``[B * W]``: the window each record belongs to), the key
+        recurrent modules split on together with ``is_init``.
+        """
+        per_record = {
+            "learning_mask": self.learning_mask,
+            "validity_mask": self.validity_mask,
+            "is_init": self.is_init,
+            "terminal": self.terminal,
+            "record_episode_ids": self.record_episode_ids,
+            "record_steps": self.record_steps,
+            "step_in_sequence": self.step_in_sequence,
+        }
+        flat = {name: value.flatten(0, 1) for name, value in {**self.data, **per_record}.items()}
+        windows = torch.arange(self.batch_size, device=self.episode_ids.device)
+        flat["sequence_id"] = windows.repeat_interleave(self.window_size)
+        return flat
+
+    def to(self, device: _DeviceLike, non_blocking: bool = False) -> WindowBatch:
+        """Return a copy with every tensor on ``device``."""
+        return _moved(self, device, non_blocking)

@@ -1,0 +1,149 @@
+"""`Episode`: one whole episode as named per-step tensors sharing a leading time dimension."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from lucid_replay.errors import InvalidArgumentError, SchemaDtypeError
+
+__all__ = ["Episode"]
+
+
+def _as_tensor(name: str, value: Any) -> torch.Tensor:
+    """Convert one field to a tensor, sharing memory with numpy input where possible."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise SchemaDtypeError(f"steps[{name!r}] must be numeric, got a numpy object array")
+        # from_numpy refuses negative strides; only then pay for a copy.
+        return torch.from_numpy(
+            value if value.strides and min(value.strides) >= 0 else value.copy()
+        )
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise SchemaDtypeError(
+            f"steps[{name!r}] must be a tensor, numpy array or sequence, got {type(value).__name__}"
+        )
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise SchemaDtypeError(
+            f"steps[{name!r}] must be array-like, got {type(value).__name__}: {error}"
+        ) from None
+
+
+def _to_tensor_steps(steps: Mapping[str, Any]) -> Mapping[str, torch.Tensor]:
+    if not isinstance(steps, Mapping):
+        raise SchemaDtypeError(
+            f"steps must be a mapping of field names, got {type(steps).__name__}"
+        )
+    if not steps:
+        raise InvalidArgumentError("steps must hold at least one field, got an empty mapping")
+    tensors: dict[str, torch.Tensor] = {}
+    for name, value in steps.items():
+        if not isinstance(name, str):
+            raise SchemaDtypeError(f"field names must be str, got {name!r}")
+        tensor = _as_tensor(name, value)
+        if tensor.dim() == 0:
+            raise InvalidArgumentError(
+                f"steps[{name!r}] must have a leading time dimension, got a 0-d value"
+            )
+        tensors[name] = tensor
+    lengths = {name: int(t.shape[0]) for name, t in tensors.items()}
+    if len(set(lengths.values())) > 1:
+        raise InvalidArgumentError(
+            f"every field must share one leading length T, got lengths {lengths}"
+        )
+    if next(iter(lengths.values())) == 0:
+        raise InvalidArgumentError(f"episode length T must be >= 1, got lengths {lengths}")
+    return MappingProxyType(tensors)
+
+
+@attrs.frozen(eq=False)
+class Episode:
+    """One whole episode: named per-step tensors that share one leading time dimension ``T``.
+
+    Parameters
+    ----------
+    steps
+        Field name -> per-step values of shape ``[T, *field_shape]``: torch tensors, numpy arrays
+        (wrapped without a copy where possible) or nested sequences. ``T >= 1``.
+    terminated
+        ``True`` when the last step reached a terminal state (nothing to bootstrap from);
+        ``False`` when the episode was truncated or the rollout simply stopped.
+
+    Raises
+    ------
+    InvalidArgumentError
+        (a ``ValueError``) for an empty mapping, ``T == 0``, fields of different leading
+        lengths, or a 0-d value.
+    SchemaDtypeError
+        (a ``TypeError``) for a value that is not array-like.
+
+    Notes
+    -----
+    The episode is frozen: fields cannot be re-bound. The tensors are the caller's (no copy is
+    made here); a buffer copies them when the episode is added, so mutating them afterwards
+    never changes stored data.
+
+    Examples
+    --------
+    >>> import torch
+    >>> episode = Episode({"obs": torch.zeros(3, 4), "reward": [1.0, 0.0, 2.0]}, terminated=True)
+    >>> len(episode), episode["obs"].shape, episode["reward"].dtype
+    (3, torch.Size([3, 4]), torch.float32)
+    """
+
+    steps: Mapping[str, torch.Tensor] = attrs.field(converter=_to_tensor_steps)
+    terminated: bool = attrs.field(default=False, kw_only=True, converter=bool)
+
+    @classmethod
+    def from_transitions(
+        cls, transitions: Sequence[Mapping[str, Any]], *, terminated: bool = False
+    ) -> Episode:
+        """Build an episode from a list of per-step mappings (one dict per step).
+
+        Examples
+        --------
+        >>> Episode.from_transitions([{"x": 1.0}, {"x": 2.0}])["x"]
+        tensor([1., 2.])
+        """
+        if not transitions:
+            raise InvalidArgumentError("transitions must hold at least one step, got []")
+        names = list(transitions[0])
+        for index, step in enumerate(transitions):
+            if list(step) != names:
+                raise InvalidArgumentError(
+                    f"transitions[{index}] must have fields {names}, got {list(step)}"
+                )
+        stacked = {
+            name: torch.stack([torch.as_tensor(step[name]) for step in transitions])
+            for name in names
+        }
+        return cls(stacked, terminated=terminated)
+
+    def __len__(self) -> int:
+        return int(next(iter(self.steps.values())).shape[0])
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.steps[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.steps)
+
+    def keys(self) -> Iterator[str]:
+        """Field names, in insertion order."""
+        return iter(self.steps)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{name}: {tuple(t.shape[1:])} {str(t.dtype).removeprefix('torch.')}"
+            for name, t in self.steps.items()
+        )
+        return f"Episode(T={len(self)}, terminated={self.terminated}, {{{fields}}})"

@@ -1,0 +1,249 @@
+"""Sampling: which anchors to draw. One sum tree per (span, prioritized) over episode rows.
+
+An *anchor* is ``(episode, step)``. For a learning region spanning ``span`` steps, the eligible
+anchors of an episode of length ``T`` are its steps ``0 .. T - span`` (``max(T - span + 1, 0)``
+of them). The sampler draws an episode row from a sum tree whose leaf for each stored episode is
+
+* ``unit="chunk"``:   ``n_e * m_e`` (every eligible anchor equally likely, times its weight),
+* ``unit="episode"``: ``[n_e > 0] * m_e`` (every episode with an eligible anchor equally likely),
+
+where ``m_e = p_e ** alpha`` for a prioritized draw and 1 for a uniform one, and then a step
+uniformly among the episode's eligible anchors. Retired episodes (reuse limit reached) and
+evicted rows have leaf 0. The trees are caches of the episode table: writers mark rows dirty,
+and the next draw recomputes exactly those leaves (O(k log E)), so ``add`` stays O(1).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import attrs
+import torch
+
+from lucid_replay import sum_tree
+from lucid_replay.errors import ReuseLimitError
+from lucid_replay.storage import EpisodeTable
+
+__all__: list[str] = []  # internal module
+
+_MAX_TREES = 8  # distinct spans kept at once; the least recently used tree is dropped beyond
+
+
+def eligible_anchors(lengths: torch.Tensor, span: int) -> torch.Tensor:
+    """Number of anchors whose ``span``-step learning region fits in an episode, elementwise."""
+    return (lengths - (span - 1)).clamp_min(0)
+
+
+@attrs.frozen(eq=False)
+class Anchors:
+    """Drawn anchors: table rows, episode ids and steps (int64 ``[B]``), IS weights or None."""
+
+    rows: torch.Tensor
+    episode_ids: torch.Tensor
+    steps: torch.Tensor
+    weights: torch.Tensor | None
+
+
+class AnchorSampler:
+    """Draws anchors from sum trees kept in step with an `EpisodeTable`.
+
+    Parameters
+    ----------
+    table
+        The episode table the trees index (rows ``id & (slots - 1)``).
+    unit
+        ``"chunk"`` or ``"episode"`` (see the module docstring).
+    reuse_limit
+        ``max_times_sampled``: an episode drawn this many times gets leaf 0 for good.
+    """
+
+    def __init__(self, table: EpisodeTable, unit: str, reuse_limit: int | None) -> None:
+        self.table = table
+        self.unit = unit
+        self.reuse_limit = reuse_limit
+        self.alpha = 0.0
+        self.episodes_retired = torch.zeros((), dtype=torch.int64, device=table.device)
+        self._trees: OrderedDict[tuple[int, bool], torch.Tensor] = OrderedDict()
+        self._dirty_rows: list[int] = []
+        self._dirty_tensors: list[torch.Tensor] = []
+        self._generation = table.generation
+
+    # ------------------------------------------------------------------------ the cache
+    def mark_dirty(self, rows: int | torch.Tensor) -> None:
+        """Note that the leaves of ``rows`` must be recomputed before the next draw."""
+        if isinstance(rows, int):
+            self._dirty_rows.append(rows)
+        else:
+            self._dirty_tensors.append(rows.reshape(-1))
+
+    def invalidate(self) -> None:
+        """Forget every tree (after the table was reshaped or reloaded)."""
+        self._trees.clear()
+        self._dirty_rows.clear()
+        self._dirty_tensors.clear()
+        self._generation = self.table.generation
+
+    def leaf_values(self, rows: torch.Tensor, span: int, prioritized: bool) -> torch.Tensor:
+        """The leaf mass of table ``rows`` in the tree for ``(span, prioritized)`` (float64)."""
+        table = self.table
+        live = table.is_stored(table.episode_id[rows])
+        if self.reuse_limit is not None:
+            live &= table.times_sampled[rows] < self.reuse_limit
+        count = eligible_anchors(table.length[rows], span)
+        mass = count.to(torch.float64) if self.unit == "chunk" else (count > 0).to(torch.float64)
+        if prioritized:
+            mass = mass * table.priority[rows] ** self.alpha
+        return torch.where(live, mass, torch.zeros_like(mass))
+
+    def tree(self, span: int, prioritized: bool) -> torch.Tensor:
+        """The up-to-date tree for ``(span, prioritized)``, built on first use."""
+        if self._generation != self.table.generation:
+            self.invalidate()
+        self._flush()
+        key = (span, prioritized)
+        if key not in self._trees:
+            rows = torch.arange(self.table.row_count, device=self.table.device)
+            self._trees[key] = sum_tree.build(self.leaf_values(rows, span, prioritized))
+            if len(self._trees) > _MAX_TREES:
+                self._trees.popitem(last=False)
+        self._trees.move_to_end(key)
+        return self._trees[key]
+
+    def _flush(self) -> None:
+        if not (self._dirty_rows or self._dirty_tensors):
+            return
+        device = self.table.device
+        parts = [*self._dirty_tensors]
+        if self._dirty_rows:
+            parts.append(torch.tensor(self._dirty_rows, dtype=torch.int64, device=device))
+        self._dirty_rows.clear()
+        self._dirty_tensors.clear()
+        rows = torch.unique(torch.cat(parts))
+        for (span, prioritized), tree in self._trees.items():
+            if rows.numel() * 8 > self.table.row_count:  # a rebuild is cheaper than many updates
+                every = torch.arange(self.table.row_count, device=device)
+                tree.copy_(sum_tree.build(self.leaf_values(every, span, prioritized)))
+            else:
+                sum_tree.set_leaves(tree, rows, self.leaf_values(rows, span, prioritized))
+
+    # ------------------------------------------------------------------------- drawing
+    def mass(self, span: int, prioritized: bool) -> float:
+        """Total leaf mass for ``(span, prioritized)``; zero means nothing is eligible."""
+        return float(sum_tree.total(self.tree(span, prioritized)))
+
+    def draw(
+        self,
+        batch_size: int,
+        span: int,
+        *,
+        prioritized: bool,
+        beta: float,
+        generator: torch.Generator,
+    ) -> Anchors:
+        """Draw ``batch_size`` anchors with replacement (O(B log E)).
+
+        The caller checks ``mass(span, prioritized) > 0`` first. Under a reuse limit no
+        episode is drawn more than its remaining allowance, also within this call; if the
+        eligible episodes cannot supply ``batch_size`` draws, `ReuseLimitError` is raised, the
+        generator is rewound and nothing changes.
+        """
+        tree = self.tree(span, prioritized)
+        if self.reuse_limit is None:
+            rows, steps = self._draw_rows(tree, batch_size, span, generator)
+        else:
+            rows, steps = self._draw_within_limit(tree, batch_size, span, generator)
+        table = self.table
+        before = table.times_sampled[rows]
+        table.times_sampled.index_add_(0, rows, torch.ones_like(rows))
+        if self.reuse_limit is not None:
+            limit = self.reuse_limit
+            after = table.times_sampled[rows]
+            retired_now = (before < limit) & (after >= limit) & _first_occurrence(rows)
+            self.episodes_retired += retired_now.sum()
+            self.mark_dirty(rows)
+        weights = None
+        if prioritized:
+            scaled = table.priority[rows] ** self.alpha
+            # (N P_i)^-beta / max_j (N P_j)^-beta: N and the normaliser cancel.
+            weights = ((scaled.min() / scaled) ** beta).to(torch.float32)
+        return Anchors(rows, table.episode_id[rows], steps, weights)
+
+    def _draw_rows(
+        self, tree: torch.Tensor, count: int, span: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        uniforms = torch.rand(
+            (count, 2), dtype=torch.float64, generator=generator, device=generator.device
+        ).to(self.table.device)
+        rows = sum_tree.search(tree, uniforms[:, 0] * sum_tree.total(tree))
+        anchors = eligible_anchors(self.table.length[rows], span)
+        steps = (uniforms[:, 1] * anchors).long().minimum(anchors - 1)
+        return rows, steps
+
+    def _draw_within_limit(
+        self, tree: torch.Tensor, batch_size: int, span: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw in rounds that never exceed an episode's remaining allowance.
+
+        Each round keeps every episode's first draws up to its allowance, gives the episodes
+        that used it up zero mass in ``tree`` and redraws the rest, so each redraw comes from
+        the renormalised remaining mass, as sequential draws would. Every round but the last
+        exhausts at least one episode.
+        """
+        assert self.reuse_limit is not None
+        saved_state = generator.get_state()
+        device = self.table.device
+        rows = torch.empty(0, dtype=torch.int64, device=device)
+        steps = torch.empty(0, dtype=torch.int64, device=device)
+        exhausted: list[torch.Tensor] = []
+        try:
+            while rows.numel() < batch_size:
+                if float(sum_tree.total(tree)) <= 0:
+                    generator.set_state(saved_state)
+                    raise ReuseLimitError(
+                        f"batch_size must be <= the draws left under max_times_sampled="
+                        f"{self.reuse_limit} for the eligible episodes "
+                        f"({self._draws_left(span)}), got {batch_size}"
+                    )
+                new_rows, new_steps = self._draw_rows(
+                    tree, batch_size - rows.numel(), span, generator
+                )
+                every = torch.cat([rows, new_rows])
+                rank = _occurrence_rank(every)
+                allowance = self.reuse_limit - self.table.times_sampled[every]
+                keep = (rank < allowance)[rows.numel() :]
+                rows = torch.cat([rows, new_rows[keep]])
+                steps = torch.cat([steps, new_steps[keep]])
+                used_up = torch.unique(every[rank + 1 == allowance])
+                sum_tree.set_leaves(tree, used_up, torch.zeros_like(used_up, dtype=tree.dtype))
+                exhausted.append(used_up)
+        finally:
+            for used_up in exhausted:  # temporary zeros; leaves are recomputed from the table
+                self.mark_dirty(used_up)
+        return rows, steps
+
+    def _draws_left(self, span: int) -> int:
+        """Draws the reuse limit still allows to episodes with an eligible anchor (O(E))."""
+        assert self.reuse_limit is not None
+        table = self.table
+        rows = table.stored_rows()
+        eligible = eligible_anchors(table.length[rows], span) > 0
+        left = (self.reuse_limit - table.times_sampled[rows]).clamp_min(0)
+        return int((left * eligible).sum())
+
+
+def _occurrence_rank(values: torch.Tensor) -> torch.Tensor:
+    """For each element, how many equal elements precede it (vectorised, stable)."""
+    order = torch.argsort(values, stable=True)
+    ordered = values[order]
+    position = torch.arange(values.numel(), device=values.device)
+    starts_group = torch.ones_like(ordered, dtype=torch.bool)
+    starts_group[1:] = ordered[1:] != ordered[:-1]
+    group_start = torch.where(starts_group, position, 0).cummax(dim=0).values
+    rank = torch.empty_like(position)
+    rank[order] = position - group_start
+    return rank
+
+
+def _first_occurrence(values: torch.Tensor) -> torch.Tensor:
+    """Bool mask: the element is the first of its value."""
+    return _occurrence_rank(values) == 0

@@ -1,0 +1,248 @@
+"""Storage: a ring of contiguous per-field tensors over transitions, and the episode table.
+
+The episode table is the one place that knows where episodes begin and end. Every transition
+ever stored has a global *offset* (0, 1, 2, ... in insertion order, never reused); its slot in
+the ring is ``offset % capacity``. Because eviction is oldest-first, the stored transitions are
+always the contiguous offset range ``[oldest_offset, next_offset)`` and the stored episodes the
+contiguous id range ``[first_id, next_id)``: an episode may wrap across the ring's seam, and
+moving to the previous or next stored episode is just ``offset -/+ 1``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+__all__: list[str] = []  # internal module
+
+_INITIAL_TABLE_SLOTS = 1024
+
+
+class TransitionRing:
+    """Preallocated ``[capacity, *field_shape]`` tensors, one per field, on one device.
+
+    Allocated on the first write, when the schema is known. Costs: ``write`` is one or two
+    slice copies per field; ``gather`` is one ``index_select`` per field.
+    """
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self.device = device
+        self.fields: dict[str, torch.Tensor] = {}
+
+    def allocate(self, schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+        """Create the storage tensors for ``schema`` (name -> (per-step shape, dtype))."""
+        self.fields = {
+            name: torch.empty((self.capacity, *shape), dtype=dtype, device=self.device)
+            for name, (shape, dtype) in schema.items()
+        }
+
+    def write(self, offset: int, steps: Mapping[str, torch.Tensor]) -> None:
+        """Copy ``steps`` (``[T, ...]`` each) to the slots of offsets ``offset .. offset+T-1``."""
+        begin = offset % self.capacity
+        for name, values in steps.items():
+            store = self.fields[name]
+            first = min(len(values), self.capacity - begin)
+            store[begin : begin + first].copy_(values[:first])
+            if first < len(values):  # the episode wraps across the seam
+                store[: len(values) - first].copy_(values[first:])
+
+    def read(self, offset: int, length: int) -> dict[str, torch.Tensor]:
+        """Return a copy of the ``length`` transitions starting at global ``offset``."""
+        positions = torch.arange(offset, offset + length, device=self.device) % self.capacity
+        return self.gather(positions)
+
+    def gather(
+        self, positions: torch.Tensor, out: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Gather ring slots ``positions`` (any shape ``S``) into ``[*S, *field_shape]`` tensors.
+
+        ``out`` may supply preallocated (for example pinned) destination tensors.
+        """
+        flat = positions.reshape(-1)
+        result = {}
+        for name, store in self.fields.items():
+            shape = (*positions.shape, *store.shape[1:])
+            if out is None:
+                result[name] = store.index_select(0, flat).view(shape)
+            else:
+                target = out[name]
+                torch.index_select(store, 0, flat, out=target.view(-1, *store.shape[1:]))
+                result[name] = target
+        return result
+
+
+class EpisodeTable:
+    """Per-episode metadata, one row per stored episode, O(1) bytes per episode.
+
+    Rows live in ring slots ``id & (slots - 1)``; ``slots`` is a power of two that doubles when
+    the table fills, so a stored episode's row only changes on growth (``generation`` counts
+    growths, letting caches keyed by row know when to rebuild).
+
+    Columns are tensors on the storage device: ``episode_id``, ``start`` (global offset of step
+    0), ``length``, ``terminated``, ``times_sampled`` and ``priority``. ``start`` and ``length``
+    have host mirrors (numpy; the same memory on CPU) for host-side bookkeeping without
+    device round trips.
+    """
+
+    def __init__(self, device: torch.device, initial_priority: float = 1.0) -> None:
+        self.device = device
+        self.first_id = 0
+        self.next_id = 0
+        self.oldest_offset = 0
+        self.next_offset = 0
+        self.generation = 0
+        self._initial_priority = initial_priority
+        self._allocate(_INITIAL_TABLE_SLOTS)
+
+    # ----------------------------------------------------------------------------- layout
+    def _allocate(self, slots: int) -> None:
+        def column(dtype: torch.dtype, fill: float | int | bool) -> torch.Tensor:
+            return torch.full((slots,), fill, dtype=dtype, device=self.device)
+
+        self.episode_id = column(torch.int64, -1)
+        self.start = column(torch.int64, 0)
+        self.length = column(torch.int64, 0)
+        self.terminated = column(torch.bool, False)
+        self.times_sampled = column(torch.int64, 0)
+        self.priority = column(torch.float64, self._initial_priority)
+        self.host_start = self._host_mirror(self.start)
+        self.host_length = self._host_mirror(self.length)
+
+    def _host_mirror(self, column: torch.Tensor) -> np.ndarray:
+        if column.device.type == "cpu":
+            return column.numpy()  # shares memory: one write updates both
+        return column.cpu().numpy()
+
+    @property
+    def row_count(self) -> int:
+        """Number of rows allocated (a power of two)."""
+        return int(self.episode_id.shape[0])
+
+    @property
+    def columns(self) -> dict[str, torch.Tensor]:
+        """The device columns by name (for checkpoints)."""
+        return {
+            "episode_id": self.episode_id,
+            "start": self.start,
+            "length": self.length,
+            "terminated": self.terminated,
+            "times_sampled": self.times_sampled,
+            "priority": self.priority,
+        }
+
+    def rows_of(self, episode_ids: torch.Tensor) -> torch.Tensor:
+        """Row of each stored id (meaningful only for ids in ``[first_id, next_id)``)."""
+        return episode_ids & (self.row_count - 1)
+
+    def row_of(self, episode_id: int) -> int:
+        """Row of one stored id."""
+        return episode_id & (self.row_count - 1)
+
+    @property
+    def num_episodes(self) -> int:
+        """Number of stored episodes."""
+        return self.next_id - self.first_id
+
+    @property
+    def num_transitions(self) -> int:
+        """Number of stored transitions."""
+        return self.next_offset - self.oldest_offset
+
+    def is_stored(self, episode_ids: torch.Tensor) -> torch.Tensor:
+        """Elementwise ``first_id <= id < next_id``."""
+        return (episode_ids >= self.first_id) & (episode_ids < self.next_id)
+
+    def stored_rows(self) -> torch.Tensor:
+        """Rows of all stored episodes, oldest first (O(E); not for hot paths)."""
+        ids = torch.arange(self.first_id, self.next_id, device=self.device)
+        return self.rows_of(ids)
+
+    # ------------------------------------------------------------------------- mutation
+    def append(self, length: int, terminated: bool, priority: float) -> tuple[int, int, int]:
+        """Record a new episode of ``length`` steps at ``next_offset``; return (id, row, start).
+
+        The caller evicts first (`count_to_evict`, `evict_oldest`) so that the episode fits.
+        """
+        if self.num_episodes == self.row_count:
+            self._grow()
+        episode_id, start = self.next_id, self.next_offset
+        row = self.row_of(episode_id)
+        self.episode_id[row] = episode_id
+        self.start[row] = start
+        self.length[row] = length
+        self.terminated[row] = terminated
+        self.times_sampled[row] = 0
+        self.priority[row] = priority
+        if self.device.type != "cpu":
+            self.host_start[row] = start
+            self.host_length[row] = length
+        self.next_id += 1
+        self.next_offset += length
+        return episode_id, row, start
+
+    def count_to_evict(self, capacity: int, incoming: int) -> int:
+        """How many oldest episodes must go so that ``incoming`` more transitions fit.
+
+        O(log E): ends of stored episodes increase with id, so a binary search finds the first
+        episode that may stay.
+        """
+        lowest_kept_offset = self.next_offset + incoming - capacity
+        if lowest_kept_offset <= self.oldest_offset:
+            return 0
+        mask = self.row_count - 1
+        first_kept = bisect.bisect_left(
+            range(self.first_id, self.next_id),
+            lowest_kept_offset,
+            key=lambda i: int(self.host_start[i & mask]),
+        )
+        return first_kept
+
+    def evict_oldest(self, count: int) -> tuple[torch.Tensor, int]:
+        """Drop the ``count`` oldest episodes; return their rows and their transition total."""
+        ids = torch.arange(self.first_id, self.first_id + count, device=self.device)
+        offset_before = self.oldest_offset
+        self.first_id += count
+        if self.first_id == self.next_id:
+            self.oldest_offset = self.next_offset
+        else:
+            self.oldest_offset = int(self.host_start[self.row_of(self.first_id)])
+        return self.rows_of(ids), self.oldest_offset - offset_before
+
+    def _grow(self) -> None:
+        old = self.columns
+        old_mask = self.row_count - 1
+        self._allocate(2 * self.row_count)
+        ids = torch.arange(self.first_id, self.next_id, device=self.device)
+        for name, column in self.columns.items():
+            column[ids & (self.row_count - 1)] = old[name][ids & old_mask]
+        if self.device.type != "cpu":
+            self.host_start[:] = self.start.cpu().numpy()
+            self.host_length[:] = self.length.cpu().numpy()
+        self.generation += 1
+
+    # ------------------------------------------------------------------------ boundaries
+    def episode_range(self, episode_id: int) -> tuple[int, int]:
+        """(start offset, length) of one stored episode."""
+        row = self.row_of(episode_id)
+        return int(self.host_start[row]), int(self.host_length[row])
+
+    def locate(self, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Map stored global offsets to ``(episode ids, steps)``, any shape.
+
+        A vectorised binary search over the stored ids: O(n log E) for n offsets, on device.
+        Offsets must lie in ``[oldest_offset, next_offset)``.
+        """
+        low = torch.full_like(offsets, self.first_id)
+        high = torch.full_like(offsets, self.next_id - 1)
+        mask = self.row_count - 1
+        # Invariant: the episode holding each offset has an id in [low, high].
+        for _ in range(max(1, (self.num_episodes).bit_length())):
+            middle = (low + high + 1) // 2
+            starts_here = self.start[middle & mask] <= offsets
+            low = torch.where(starts_here, middle, low)
+            high = torch.where(starts_here, high, middle - 1)
+        return low, offsets - self.start[low & mask]

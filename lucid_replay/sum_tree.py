@@ -1,0 +1,95 @@
+"""A vectorised sum tree: prefix-sum search and batched leaf updates on a flat tensor.
+
+A tree over ``n`` leaves (``n`` a power of two) is a float64 tensor of ``2 n`` nodes: node 1 is
+the root, node ``i`` has children ``2 i`` and ``2 i + 1``, and leaf ``j`` is node ``n + j``
+(node 0 is unused). Each internal node holds exactly ``left + right`` as computed from its
+children, so the tree is a pure function of its leaves: building from scratch and updating
+in place give bitwise-identical nodes, and a subtree of zero leaves sums to exactly zero.
+
+Sums are float64 because float32 sums drift under many updates, and the search can then walk
+into zero-mass leaves or past the end; the search below additionally never enters a subtree
+whose mass is zero. This module imports nothing from lucid_replay.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__: list[str] = []  # internal module
+
+
+def leaf_count(tree: torch.Tensor) -> int:
+    """Number of leaves of ``tree``."""
+    return int(tree.shape[0]) // 2
+
+
+def build(leaves: torch.Tensor) -> torch.Tensor:
+    """Return the tree over ``leaves`` (float64, length a power of two).
+
+    Cost O(n) work in ``log2 n`` vectorised steps.
+    """
+    count = int(leaves.shape[0])
+    if count < 1 or count & (count - 1):
+        raise ValueError(f"leaves must have a power-of-two length, got {count}")
+    tree = torch.zeros(2 * count, dtype=torch.float64, device=leaves.device)
+    tree[count:] = leaves
+    level = count
+    while level > 1:
+        tree[level // 2 : level] = tree[level : 2 * level].view(-1, 2).sum(dim=1)
+        level //= 2
+    return tree
+
+
+def total(tree: torch.Tensor) -> torch.Tensor:
+    """The sum of all leaves, a 0-d tensor (no host synchronisation)."""
+    return tree[1]
+
+
+def leaves(tree: torch.Tensor) -> torch.Tensor:
+    """A view of the leaf values."""
+    return tree[leaf_count(tree) :]
+
+
+def set_leaves(tree: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
+    """Set leaves ``indices`` to ``values`` in place and refresh their ancestors.
+
+    Duplicate indices reduce with ``max``. Cost O(k log n) for k indices, in ``log2 n``
+    vectorised steps; ancestors are recomputed from their children (never adjusted by a
+    delta), so no rounding error accumulates.
+    """
+    if indices.numel() == 0:
+        return
+    count = leaf_count(tree)
+    unique, inverse = torch.unique(indices, return_inverse=True)
+    if unique.numel() != indices.numel():
+        reduced = torch.full(unique.shape, -torch.inf, dtype=tree.dtype, device=tree.device)
+        values = reduced.scatter_reduce_(0, inverse, values.to(tree.dtype), "amax")
+    nodes = unique + count
+    tree[nodes] = values.to(tree.dtype)
+    for _ in range(count.bit_length() - 1):
+        nodes = nodes >> 1
+        # Siblings share a parent; duplicate parents write the same value, so no de-duplication.
+        tree[nodes] = tree[2 * nodes] + tree[2 * nodes + 1]
+
+
+def search(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Return, for each target in ``[0, total)``, the leaf whose prefix-sum interval holds it.
+
+    Leaf ``j`` is returned for ``sum(leaves[:j]) <= target < sum(leaves[:j + 1])``, so a leaf is
+    hit with probability proportional to its value when targets are uniform on
+    ``[0, total)``. A zero-mass leaf is never returned when ``total > 0``. Cost O(B log n) for B
+    targets, in ``log2 n`` vectorised steps.
+    """
+    count = leaf_count(tree)
+    children = tree.view(-1, 2)  # row i holds nodes (2 i, 2 i + 1): the children of node i
+    node = torch.ones(targets.shape, dtype=torch.int64, device=tree.device)
+    remaining = targets.to(torch.float64)
+    for _ in range(count.bit_length() - 1):
+        pair = children[node]
+        left, right = pair[..., 0], pair[..., 1]
+        # Rounding can leave `remaining` a hair past a boundary; refusing to enter an empty
+        # right subtree keeps every step inside positive mass.
+        go_right = (remaining >= left) & (right > 0)
+        remaining = torch.where(go_right, remaining - left, remaining)
+        node = 2 * node + go_right
+    return node - count

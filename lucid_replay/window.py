@@ -1,0 +1,159 @@
+"""Windows: what each anchor expands to (burn-in, learning region, bootstrap, boundaries).
+
+Sampling decides *which* anchors; this module decides *what each anchor expands to*. An anchor
+``(episode, t)`` starts the learning region at step ``t``; record ``k`` of a window targets step
+``t + (k - burn_in) * dilation``. Episode boundaries come from the `EpisodeTable` (starts,
+lengths, and `EpisodeTable.locate` across episodes); this module only applies the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import attrs
+import torch
+
+from lucid_replay.errors import check_int, must
+from lucid_replay.storage import EpisodeTable
+
+__all__ = ["Boundary", "Window"]
+
+Boundary = Literal["pad", "stop", "include_reset"]
+_BOUNDARIES = ("pad", "stop", "include_reset")
+
+
+def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
+    def validate(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        check_int(attribute.name, value, minimum=minimum)
+
+    return validate
+
+
+def _known_boundary(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in _BOUNDARIES:
+        raise must("boundary", f"one of {_BOUNDARIES}", value)
+
+
+@attrs.frozen
+class Window:
+    """The records drawn around each anchor: ``burn_in + length + bootstrap`` of them.
+
+    Parameters
+    ----------
+    length
+        Records in the learning region, starting at the anchor. ``>= 1``.
+    burn_in
+        Records before the anchor (for example to warm up a recurrent state). They never
+        shift the anchor; records before the episode start are invalid. ``>= 0``.
+    bootstrap
+        Records after the learning region (for example n-step targets). ``>= 0``.
+    dilation
+        Steps between consecutive records. ``>= 1``.
+    boundary
+        What records past the episode end become:
+
+        * ``"pad"``: clamped to the last step and marked invalid;
+        * ``"stop"``: the whole window shifts back by
+          ``clamp(dilation * (length + bootstrap - 1) - (T - 1 - t), 0, t)`` steps, then what
+          still overruns is padded;
+        * ``"include_reset"``: records continue into the neighbouring stored episodes (before
+          the start too), clamped and invalid only beyond the oldest or newest stored step.
+    allow_partial
+        ``False``: an anchor is eligible only if its learning region lies inside the episode
+        (``t + dilation * (length - 1) <= T - 1``). ``True``: every stored step is an anchor
+        (TorchRL's ``Sequence`` semantics).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a value outside the ranges above or an unknown ``boundary``.
+
+    Examples
+    --------
+    >>> window = Window(4, burn_in=2, bootstrap=1, dilation=2)
+    >>> window.size, window.span, window.learning_mask.tolist()
+    (7, 13, [False, False, True, True, True, True, False])
+    """
+
+    length: int = attrs.field(validator=_at_least(1))
+    burn_in: int = attrs.field(default=0, kw_only=True, validator=_at_least(0))
+    bootstrap: int = attrs.field(default=0, kw_only=True, validator=_at_least(0))
+    dilation: int = attrs.field(default=1, kw_only=True, validator=_at_least(1))
+    boundary: Boundary = attrs.field(default="pad", kw_only=True, validator=_known_boundary)
+    allow_partial: bool = attrs.field(default=False, kw_only=True, converter=bool)
+
+    @property
+    def size(self) -> int:
+        """Records per window, ``W = burn_in + length + bootstrap``."""
+        return self.burn_in + self.length + self.bootstrap
+
+    @property
+    def span(self) -> int:
+        """Steps the whole window covers, ``1 + dilation * (size - 1)``."""
+        return 1 + self.dilation * (self.size - 1)
+
+    @property
+    def anchor_span(self) -> int:
+        """Steps an anchor needs after it to be eligible (1 under ``allow_partial``)."""
+        return 1 if self.allow_partial else 1 + self.dilation * (self.length - 1)
+
+    @property
+    def learning_mask(self) -> torch.Tensor:
+        """Bool ``[W]``: True on the learning region's records."""
+        record = torch.arange(self.size)
+        return (record >= self.burn_in) & (record < self.burn_in + self.length)
+
+
+@attrs.frozen(eq=False)
+class Records:
+    """Where each record of ``B`` windows of ``W`` records lands (all ``[B, W]``)."""
+
+    offsets: torch.Tensor  # global transition offsets (ring slot = offset % capacity)
+    episode_ids: torch.Tensor
+    steps: torch.Tensor
+    valid: torch.Tensor
+    is_init: torch.Tensor
+    terminal: torch.Tensor
+
+
+def expand(
+    table: EpisodeTable, episode_ids: torch.Tensor, anchors: torch.Tensor, window: Window
+) -> Records:
+    """Expand anchors ``(episode_ids, anchors)`` (stored ids, int64 ``[B]``) into records.
+
+    One vectorised computation for the whole batch; cost O(B W), plus O(n log E) for the n
+    records that ``include_reset`` sends into other episodes.
+    """
+    rows = table.rows_of(episode_ids)
+    lengths = table.length[rows].unsqueeze(1)
+    starts = table.start[rows].unsqueeze(1)
+    anchor = anchors.unsqueeze(1)
+    record = torch.arange(window.size, device=anchors.device)
+    if window.boundary == "stop":
+        to_last_record = window.dilation * (window.length + window.bootstrap - 1)
+        overrun = to_last_record - (lengths - 1 - anchor)
+        anchor = anchor - torch.minimum(overrun.clamp_min(0), anchor)
+    target = anchor + (record - window.burn_in) * window.dilation
+    inside = (target >= 0) & (target < lengths)
+    if window.boundary == "include_reset":
+        offsets = (starts + target).clamp(table.oldest_offset, table.next_offset - 1)
+        valid = (starts + target >= table.oldest_offset) & (starts + target < table.next_offset)
+        record_ids = episode_ids.unsqueeze(1).expand_as(target).clone()
+        steps = target.clone()
+        elsewhere = ~inside
+        if bool(elsewhere.any()):
+            record_ids[elsewhere], steps[elsewhere] = table.locate(offsets[elsewhere])
+        record_rows = table.rows_of(record_ids)
+        record_lengths = table.length[record_rows]
+    else:
+        steps = torch.minimum(target.clamp_min(0), lengths - 1)
+        offsets = starts + steps
+        valid = inside
+        record_ids = episode_ids.unsqueeze(1).expand_as(target)
+        record_rows = rows.unsqueeze(1).expand_as(target)
+        record_lengths = lengths.expand_as(target)
+    first_valid = valid & (valid.cumsum(dim=1) == 1)
+    is_init = first_valid | (valid & (steps == 0))
+    terminal = table.terminated[record_rows] & (steps == record_lengths - 1)
+    return Records(offsets, record_ids, steps, valid, is_init, terminal)
