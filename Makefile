@@ -1,0 +1,84 @@
+# lucid_replay developer commands. Needs only python3 (with venv) and make.
+#
+#   make demo   create .venv if needed, then run the demo script ($(DEMO))
+#   make test   create .venv if needed, then lint, format check, mypy, pytest, docs build
+#   make docs   serve the documentation locally
+#   make bench  create .venv-bench (torch $(TORCH_BENCH)) and run the benchmarks
+#
+# Every variable below can be overridden from the command line or the environment, e.g.
+#   make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+
+VENV        ?= .venv
+PYTHON      ?= python3
+TORCH       ?= torch==2.13.0
+DEMO        ?= examples/quickstart.py
+VENV_BENCH  ?= .venv-bench
+TORCH_BENCH ?= torch==2.14.1
+SITE_DIR    ?= site
+# Two xdist workers: the suite is CPU-bound Python (Hypothesis, chi-square checks, small tensors),
+# so two workers on the 2-core reference machine nearly halve it, for a fixed ~6 s of worker
+# start-up (each imports torch and collects). That pays off once the serial run exceeds ~15 s.
+# `make test PYTEST_ARGS=` runs serially (e.g. to debug); pytest alone, without -n, is serial too.
+PYTEST_ARGS ?= -n 2
+
+BIN         := $(VENV)/bin
+STAMP       := $(VENV)/.lucid-replay-installed
+BENCH_BIN   := $(VENV_BENCH)/bin
+BENCH_STAMP := $(VENV_BENCH)/.lucid-replay-installed
+
+.PHONY: setup demo test lint typecheck unit docs-build docs bench clean
+
+# torch is installed FIRST and then pinned with a constraint file while the project installs:
+# a bare `torch` requirement would otherwise let pip fetch (or swap in) a multi-GB CUDA build.
+# The stamp lives inside the venv, so deleting the venv also forces a reinstall; editing
+# pyproject.toml re-runs the install in the existing venv.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install $(TORCH)
+	$(BIN)/python -m pip freeze | grep -i '^torch==' > $(VENV)/torch-constraint.txt
+	$(BIN)/python -m pip install -c $(VENV)/torch-constraint.txt -e ".[dev,test,examples]"
+	touch $@
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python $(DEMO)
+
+test: lint typecheck unit docs-build
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+# NO_MKDOCS_2_WARNING silences Material 9.8's end-of-life banner (printed, not a build warning).
+docs-build: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(SITE_DIR)
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# Benchmarks run against TorchRL's prioritized samplers, whose C++ extension only loads with the
+# torch it was built against (2.14.1), hence a separate venv. Note: torch 2.14.1 from PyPI is the
+# CUDA build (~0.5 GB wheel plus several GB of nvidia-* wheels).
+$(BENCH_STAMP): pyproject.toml
+	test -x $(BENCH_BIN)/python || $(PYTHON) -m venv $(VENV_BENCH)
+	$(BENCH_BIN)/python -m pip install --upgrade pip
+	$(BENCH_BIN)/python -m pip install $(TORCH_BENCH)
+	$(BENCH_BIN)/python -m pip freeze | grep -i '^torch==' > $(VENV_BENCH)/torch-constraint.txt
+	$(BENCH_BIN)/python -m pip install -c $(VENV_BENCH)/torch-constraint.txt -e ".[bench]"
+	touch $@
+
+bench: $(BENCH_STAMP)
+	$(BENCH_BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) $(VENV_BENCH) $(SITE_DIR) build dist *.egg-info \
+		.pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./.git -prune -o -name __pycache__ -type d -exec rm -rf {} +

@@ -1,0 +1,39 @@
+"""Shared fixtures: small episodes whose every step carries a unique serial number."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import lucid_replay
+
+_serials = itertools.count(1_000)
+
+
+def make_episode(
+    length: int, *, terminated: bool = False, first_serial: int | None = None
+) -> lucid_replay.Episode:
+    """An episode of ``length`` steps: ``serial`` (int64, unique across the test session unless
+    ``first_serial`` is given), ``obs`` (float32 ``[2]``: serial and -serial), ``done`` (bool).
+    """
+    start = next(_serials) * 1_000 if first_serial is None else first_serial
+    serial = torch.arange(start, start + length, dtype=torch.int64)
+    return lucid_replay.Episode(
+        {
+            "serial": serial,
+            "obs": torch.stack([serial, -serial], dim=1).to(torch.float32),
+            "done": torch.arange(length) == length - 1,
+        },
+        terminated=terminated,
+    )
+
+
+@pytest.fixture
+def episode_factory():
+    """The `make_episode` factory."""
+    return make_episode
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
