@@ -241,8 +241,8 @@ class SequenceReplay:
         return 1.0
 
     def _evict(self, count: int) -> None:
-        rows, transitions = self._table.evict_oldest(count)
-        self._evicted_unsampled += (self._table.times_sampled[rows] == 0).sum()
+        rows, transitions, unsampled = self._table.evict_oldest(count)
+        self._evicted_unsampled += unsampled
         self._sampler.mark_dirty(rows)
         self._counts["episodes_evicted"] += count
         self._counts["transitions_evicted"] += transitions

@@ -43,12 +43,15 @@ class TransitionRing:
     def write(self, offset: int, steps: Mapping[str, torch.Tensor]) -> None:
         """Copy ``steps`` (``[T, ...]`` each) to the slots of offsets ``offset .. offset+T-1``."""
         begin = offset % self.capacity
+        length = next(iter(steps.values())).shape[0]
+        first = min(length, self.capacity - begin)  # the rest wraps across the seam
         for name, values in steps.items():
             store = self.fields[name]
-            first = min(len(values), self.capacity - begin)
-            store[begin : begin + first].copy_(values[:first])
-            if first < len(values):  # the episode wraps across the seam
-                store[: len(values) - first].copy_(values[first:])
+            if first == length:
+                store[begin : begin + length].copy_(values)
+            else:
+                store[begin:].copy_(values[:first])
+                store[: length - first].copy_(values[first:])
 
     def read(self, offset: int, length: int) -> dict[str, torch.Tensor]:
         """Return a copy of the ``length`` transitions starting at global ``offset``."""
@@ -109,13 +112,14 @@ class EpisodeTable:
         self.terminated = column(torch.bool, False)
         self.times_sampled = column(torch.int64, 0)
         self.priority = column(torch.float64, self._initial_priority)
-        self.host_start = self._host_mirror(self.start)
-        self.host_length = self._host_mirror(self.length)
-
-    def _host_mirror(self, column: torch.Tensor) -> np.ndarray:
-        if column.device.type == "cpu":
-            return column.numpy()  # shares memory: one write updates both
-        return column.cpu().numpy()
+        if self.device.type == "cpu":
+            # numpy views share the columns' memory: scalar writes through them cost ~0.1 us,
+            # a torch scalar write ~2 us, and `add` makes six of them.
+            self._row_views = {name: column.numpy() for name, column in self.columns.items()}
+            self.host_start, self.host_length = self._row_views["start"], self._row_views["length"]
+        else:
+            self._row_views = {}
+            self.host_start, self.host_length = self.start.cpu().numpy(), self.length.cpu().numpy()
 
     @property
     def row_count(self) -> int:
@@ -171,15 +175,21 @@ class EpisodeTable:
             self._grow()
         episode_id, start = self.next_id, self.next_offset
         row = self.row_of(episode_id)
-        self.episode_id[row] = episode_id
-        self.start[row] = start
-        self.length[row] = length
-        self.terminated[row] = terminated
-        self.times_sampled[row] = 0
-        self.priority[row] = priority
-        if self.device.type != "cpu":
-            self.host_start[row] = start
-            self.host_length[row] = length
+        values = {
+            "episode_id": episode_id,
+            "start": start,
+            "length": length,
+            "terminated": terminated,
+            "times_sampled": 0,
+            "priority": priority,
+        }
+        if self._row_views:
+            for name, value in values.items():
+                self._row_views[name][row] = value
+        else:
+            for name, value in values.items():
+                self.columns[name][row] = value
+            self.host_start[row], self.host_length[row] = start, length
         self.next_id += 1
         self.next_offset += length
         return episode_id, row, start
@@ -201,16 +211,26 @@ class EpisodeTable:
         )
         return first_kept
 
-    def evict_oldest(self, count: int) -> tuple[torch.Tensor, int]:
-        """Drop the ``count`` oldest episodes; return their rows and their transition total."""
-        ids = torch.arange(self.first_id, self.first_id + count, device=self.device)
+    def evict_oldest(self, count: int) -> tuple[torch.Tensor, int, int | torch.Tensor]:
+        """Drop the ``count`` oldest episodes.
+
+        Returns their rows, their transition total, and how many of them were never sampled
+        (an ``int`` on CPU; a 0-d device tensor elsewhere, to avoid a synchronisation).
+        """
+        ids = np.arange(self.first_id, self.first_id + count)
         offset_before = self.oldest_offset
         self.first_id += count
         if self.first_id == self.next_id:
             self.oldest_offset = self.next_offset
         else:
             self.oldest_offset = int(self.host_start[self.row_of(self.first_id)])
-        return self.rows_of(ids), self.oldest_offset - offset_before
+        rows = ids & (self.row_count - 1)
+        transitions = self.oldest_offset - offset_before
+        if self._row_views:
+            unsampled = int(np.count_nonzero(self._row_views["times_sampled"][rows] == 0))
+            return torch.from_numpy(rows), transitions, unsampled
+        device_rows = torch.from_numpy(rows).to(self.device)
+        return device_rows, transitions, (self.times_sampled[device_rows] == 0).sum()
 
     def _grow(self) -> None:
         old = self.columns
