@@ -65,6 +65,13 @@ def _to_tensor_steps(steps: Mapping[str, Any]) -> Mapping[str, torch.Tensor]:
     return MappingProxyType(tensors)
 
 
+def _as_flag(value: object) -> bool:
+    """Accept Python and numpy booleans (as environments return them); refuse anything else."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"terminated must be a bool, got {value!r}")
+    return bool(value)
+
+
 @attrs.frozen(eq=False)
 class Episode:
     """One whole episode: named per-step tensors that share one leading time dimension ``T``.
@@ -101,7 +108,7 @@ class Episode:
     """
 
     steps: Mapping[str, torch.Tensor] = attrs.field(converter=_to_tensor_steps)
-    terminated: bool = attrs.field(default=False, kw_only=True, converter=bool)
+    terminated: bool = attrs.field(default=False, kw_only=True, converter=_as_flag)
 
     @classmethod
     def from_transitions(

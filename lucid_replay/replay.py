@@ -6,7 +6,7 @@ import os
 import queue
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -442,7 +442,9 @@ class SequenceReplay:
             write = batch.validity_mask.to(self._device) & self._table.is_stored(ids)
             rows = self._table.rows_of(ids[write])
             offsets = self._table.start[rows] + batch.record_steps.to(self._device)[write]
-            self._ring.fields[name][offsets % self._capacity] = values.to(self._device)[write]
+            # Stored data is never part of an autograd graph (states from a forward pass).
+            stored = values.detach().to(self._device)[write]
+            self._ring.fields[name][offsets % self._capacity] = stored
             return int(write.sum())
 
     # ---------------------------------------------------------------------- prefetching
@@ -565,9 +567,9 @@ def _check_window(window: object) -> None:
 
 
 def _as_vector(name: str, values: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Lists, numpy arrays or tensors (any device) -> a 1-D tensor on ``device``."""
+    """Lists, numpy arrays or tensors (any device) -> a detached 1-D tensor on ``device``."""
     try:
-        tensor = torch.as_tensor(values)
+        tensor = torch.as_tensor(values).detach()
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"{name} must be array-like, got {type(values).__name__}") from None
     if tensor.dim() != 1:
@@ -582,35 +584,40 @@ class _Failure:
         self.error = error
 
 
-def _prefetch(draw: Any, depth: int) -> Iterator[WindowBatch]:
+def _prefetch(draw: Callable[[], WindowBatch], depth: int) -> Iterator[WindowBatch]:
+    """Yield ``draw()`` results made by a worker thread, at most ``depth`` ahead.
+
+    A generator, so the worker starts at the first ``next`` and stops (joined) when the
+    generator is closed, exhausted by an error, or garbage collected.
+    """
     ready: queue.Queue[WindowBatch | _Failure] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def hand_over(item: WindowBatch | _Failure) -> bool:
+        # Never block for good on a full queue: the consumer may have gone away.
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
-            while not stop.is_set():
-                item = draw()
-                while not stop.is_set():
-                    try:
-                        ready.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
+            while hand_over(draw()):
+                pass
         except BaseException as error:  # handed to the consumer, raised there
-            ready.put(_Failure(error))
+            hand_over(_Failure(error))
 
     worker = threading.Thread(target=produce, name="lucid_replay-prefetch", daemon=True)
     worker.start()
-
-    def consume() -> Iterator[WindowBatch]:
-        try:
-            while True:
-                item = ready.get()
-                if isinstance(item, _Failure):
-                    raise item.error
-                yield item
-        finally:
-            stop.set()
-            worker.join()
-
-    return consume()
+    try:
+        while True:
+            item = ready.get()
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        worker.join()

@@ -17,7 +17,7 @@ import torch
 from lucid_replay.errors import check_int, must
 from lucid_replay.storage import EpisodeTable
 
-__all__ = ["Boundary", "Window"]
+__all__ = ["Window"]
 
 Boundary = Literal["pad", "stop", "include_reset"]
 _BOUNDARIES = ("pad", "stop", "include_reset")
@@ -28,6 +28,11 @@ def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], int], Non
         check_int(attribute.name, value, minimum=minimum)
 
     return validate
+
+
+def _is_bool(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be a bool, got {value!r}")
 
 
 def _known_boundary(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -81,7 +86,7 @@ class Window:
     bootstrap: int = attrs.field(default=0, kw_only=True, validator=_at_least(0))
     dilation: int = attrs.field(default=1, kw_only=True, validator=_at_least(1))
     boundary: Boundary = attrs.field(default="pad", kw_only=True, validator=_known_boundary)
-    allow_partial: bool = attrs.field(default=False, kw_only=True, converter=bool)
+    allow_partial: bool = attrs.field(default=False, kw_only=True, validator=_is_bool)
 
     @property
     def size(self) -> int:
