@@ -44,14 +44,14 @@ class PrioritizedSequenceReplay(SequenceReplay):
     (or window anchor) has its episode's priority. With ``n_e`` eligible anchors in episode
     ``e``:
 
-    * ``unit="chunk"``: :math:`P(\text{chunk}) = p_e^\alpha / \sum_c p_c^\alpha`, so episode
-      ``e`` is drawn with probability :math:`\propto n_e p_e^\alpha`; ``N`` counts chunks;
-    * ``unit="episode"``: :math:`P(e) = p_e^\alpha / \sum_{e'} p_{e'}^\alpha` over episodes with
+    * ``unit="chunk"``: $P(\text{chunk}) = p_e^\alpha / \sum_c p_c^\alpha$, so episode
+      ``e`` is drawn with probability $\propto n_e p_e^\alpha$; ``N`` counts chunks;
+    * ``unit="episode"``: $P(e) = p_e^\alpha / \sum_{e'} p_{e'}^\alpha$ over episodes with
       an eligible anchor; ``N`` counts those episodes;
 
     and the start is uniform among the episode's eligible anchors. The weights are
 
-    .. math:: w_i = \frac{(N P_i)^{-\beta}}{\max_j (N P_j)^{-\beta}},
+    $$w_i = \frac{(N P_i)^{-\beta}}{\max_j (N P_j)^{-\beta}},$$
 
     the maximum taken over the batch, so the largest weight of every batch is 1 and the
     correction only scales updates down. A new episode gets the largest priority ever set
@@ -192,7 +192,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
 
         Per window, over records that are in the learning region, valid, and in the anchor's
         own episode, the priority is R2D2's mix
-        :math:`\eta \max_k |\delta_k| + (1 - \eta)\,\mathrm{mean}_k |\delta_k|` (non-finite
+        $\eta \max_k |\delta_k| + (1 - \eta)\,\mathrm{mean}_k |\delta_k|$ (non-finite
         values outside those records are ignored); ``[B]`` errors are used as they are. Then
         `update_priorities` (duplicates take the max). Returns the number of episodes applied.
         """

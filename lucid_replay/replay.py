@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -612,6 +614,7 @@ def _prefetch(draw: Callable[[], WindowBatch], depth: int) -> Iterator[WindowBat
 
     worker = threading.Thread(target=produce, name="lucid_replay-prefetch", daemon=True)
     worker.start()
+    _running_workers[worker] = stop
     try:
         while True:
             item = ready.get()
@@ -621,3 +624,18 @@ def _prefetch(draw: Callable[[], WindowBatch], depth: int) -> Iterator[WindowBat
     finally:
         stop.set()
         worker.join()
+        _running_workers.pop(worker, None)
+
+
+# Workers of iterators still referenced when the interpreter exits: a daemon thread killed in
+# the middle of a torch operation aborts the process, so stop and join them first.
+_running_workers: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@atexit.register
+def _stop_running_workers() -> None:
+    for worker, stop in list(_running_workers.items()):
+        stop.set()
+        worker.join(timeout=10)
