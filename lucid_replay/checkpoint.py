@@ -129,16 +129,17 @@ def unpack_into(buffer: SequenceReplay, state: Mapping[str, Any]) -> None:
         table.oldest_offset = int(saved_table["oldest_offset"])
         table.next_offset = int(saved_table["next_offset"])
         table.generation = int(saved_table["generation"])
+        _check_table(table, capacity)
         ring = TransitionRing(capacity, buffer.device)
         stored = table.next_offset - table.oldest_offset
         if schema:
             ring.allocate(schema)
             if stored:
                 data = state["data"]
-                if set(data) != set(schema) or any(len(v) != stored for v in data.values()):
-                    raise CheckpointError("checkpoint data must match its schema and table")
+                _check_data(data, schema, stored)
                 ring.write(table.oldest_offset, data)
-        counts = {k: int(v) for k, v in state["counts"].items()}
+        counts = {k: int(state["counts"][k]) for k in buffer._counts}
+        retired, evicted_unsampled = int(state["episodes_retired"]), int(state["evicted_unsampled"])
         extra = state["extra"]
         rng = state["rng"]
         if not isinstance(rng, torch.Tensor) or rng.shape != buffer._generator.get_state().shape:
@@ -159,11 +160,57 @@ def unpack_into(buffer: SequenceReplay, state: Mapping[str, Any]) -> None:
     buffer._table = table
     buffer._sampler.table = table
     buffer._sampler.invalidate()
-    buffer._sampler.episodes_retired.fill_(int(state["episodes_retired"]))
+    buffer._sampler.episodes_retired.fill_(retired)
     buffer._counts = counts
-    buffer._evicted_unsampled.fill_(int(state["evicted_unsampled"]))
+    buffer._evicted_unsampled.fill_(evicted_unsampled)
     buffer._generator.set_state(rng)
     buffer._load_extra_state(extra)
+
+
+def _check_table(table: EpisodeTable, capacity: int) -> None:
+    """Refuse a table whose id and offset ranges contradict each other or the capacity."""
+    rows = table.row_count
+    ids_ok = 0 <= table.first_id <= table.next_id and table.num_episodes <= rows
+    offsets_ok = 0 <= table.oldest_offset <= table.next_offset
+    if not (ids_ok and offsets_ok and rows & (rows - 1) == 0):
+        raise CheckpointError("checkpoint table must hold consistent id and offset ranges")
+    if table.num_transitions > capacity:
+        raise CheckpointError(
+            f"checkpoint transitions must fit its capacity ({capacity}), "
+            f"got {table.num_transitions}"
+        )
+    stored = table.stored_rows()
+    lengths = table.length[stored]
+    if table.num_episodes and (
+        int(lengths.sum()) != table.num_transitions
+        or int(table.start[stored[0]]) != table.oldest_offset
+        or not bool(
+            (
+                table.episode_id[stored]
+                == torch.arange(table.first_id, table.next_id, device=table.device)
+            ).all()
+        )
+    ):
+        raise CheckpointError("checkpoint table rows must describe the stored transitions")
+    if not table.num_episodes and table.num_transitions:
+        raise CheckpointError("checkpoint table must hold episodes for its transitions")
+
+
+def _check_data(data: Mapping[str, Any], schema: Mapping[str, Any], stored: int) -> None:
+    """Refuse stored data whose fields, shapes or dtypes differ from the schema."""
+    if set(data) != set(schema):
+        raise CheckpointError(
+            f"checkpoint data fields must be {sorted(schema)}, got {sorted(data)}"
+        )
+    for name, (shape, dtype) in schema.items():
+        values = data[name]
+        if not isinstance(values, torch.Tensor) or values.dtype != dtype:
+            raise CheckpointError(f"checkpoint data {name!r} must be a {dtype} tensor")
+        if tuple(values.shape) != (stored, *shape):
+            raise CheckpointError(
+                f"checkpoint data {name!r} must have shape {(stored, *shape)}, "
+                f"got {tuple(values.shape)}"
+            )
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -20,12 +20,13 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            raise SchemaDtypeError(f"steps[{name!r}] must be numeric, got a numpy object array")
-        # from_numpy refuses negative strides; only then pay for a copy.
-        return torch.from_numpy(
-            value if value.strides and min(value.strides) >= 0 else value.copy()
-        )
+        if value.dtype.kind not in "biufc":
+            raise SchemaDtypeError(
+                f"steps[{name!r}] must be numeric or bool, got a numpy array of dtype {value.dtype}"
+            )
+        # from_numpy refuses negative strides and warns on read-only memory: copy only then.
+        shareable = value.flags.writeable and (not value.strides or min(value.strides) >= 0)
+        return torch.from_numpy(value if shareable else value.copy())
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise SchemaDtypeError(
             f"steps[{name!r}] must be a tensor, numpy array or sequence, got {type(value).__name__}"

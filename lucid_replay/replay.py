@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import operator
 import os
 import queue
 import tempfile
@@ -151,12 +152,15 @@ class SequenceReplay:
         return self._table.num_transitions
 
     def __contains__(self, episode_id: object) -> bool:
-        return isinstance(episode_id, int) and episode_id in self.episode_ids
+        try:
+            return operator.index(episode_id) in self.episode_ids  # type: ignore[arg-type]
+        except TypeError:
+            return False
 
     def __getitem__(self, episode_id: int) -> Episode:
         """A copy of stored episode ``episode_id``; `UnknownEpisodeError` (a ``KeyError``)."""
         with self._lock:
-            self._check_stored(episode_id)
+            episode_id = self._check_stored(episode_id)
             start, length = self._table.episode_range(episode_id)
             terminated = bool(self._table.terminated[self._table.row_of(episode_id)])
             return Episode(self._ring.read(start, length), terminated=terminated)
@@ -230,6 +234,7 @@ class SequenceReplay:
         to_evict = self._table.count_to_evict(self._capacity, length)
         if to_evict:
             self._evict(to_evict)
+            self._reclaim_retired()  # a retired episode may have just become the oldest
         episode_id, row, start = self._table.append(
             length, episode.terminated, self._new_episode_priority()
         )
@@ -411,15 +416,21 @@ class SequenceReplay:
     def _target(self, device: torch.device | str | None) -> torch.device:
         return self._device if device is None else torch.device(device)
 
-    def _check_stored(self, episode_id: object) -> None:
-        if isinstance(episode_id, bool) or not isinstance(episode_id, int):
-            raise TypeError(f"episode_id must be an int, got {episode_id!r}")
+    def _check_stored(self, episode_id: object) -> int:
+        """Return ``episode_id`` as an int if it is stored; raise otherwise."""
+        try:
+            if isinstance(episode_id, bool):
+                raise TypeError
+            episode_id = operator.index(episode_id)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"episode_id must be an int, got {episode_id!r}") from None
         if episode_id not in self.episode_ids:
             state = "was evicted" if 0 <= episode_id < self._table.first_id else "was never issued"
             raise UnknownEpisodeError(
                 f"episode_id must be a stored episode ({self.episode_ids.start}.."
                 f"{self.episode_ids.stop - 1}), got {episode_id}: it {state}"
             )
+        return episode_id
 
     # --------------------------------------------------------------------- stored state
     def write_back(self, batch: WindowBatch, name: str, values: torch.Tensor) -> int:
