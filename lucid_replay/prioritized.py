@@ -9,7 +9,7 @@ import torch
 
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
 from lucid_replay.errors import CheckpointError, check_float, check_int, must
-from lucid_replay.replay import SequenceReplay, _as_vector
+from lucid_replay.replay import SequenceReplay, _as_tensor, _as_vector
 from lucid_replay.window import Window
 
 __all__ = ["PrioritizedSequenceReplay"]
@@ -201,7 +201,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
             raise must("eta", "in [0, 1]", eta)
         if not isinstance(batch, WindowBatch):
             raise TypeError(f"batch must be a WindowBatch, got {type(batch).__name__}")
-        values = torch.as_tensor(errors).detach().to(device=self._device, dtype=torch.float64)
+        values = _as_tensor("errors", errors).to(device=self._device, dtype=torch.float64)
         shape = tuple(batch.validity_mask.shape)
         if tuple(values.shape) == shape[:1]:
             return self.update_priorities(batch.episode_ids, values)

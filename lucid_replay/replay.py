@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 import torch
 
 from lucid_replay import checkpoint
@@ -579,15 +580,30 @@ def _check_window(window: object) -> None:
         raise TypeError(f"window must be a Window, got {type(window).__name__}")
 
 
+def _as_tensor(name: str, values: Any) -> torch.Tensor:
+    """Lists, numpy arrays or tensors (any device) -> a detached tensor.
+
+    Python sequences go through numpy, which keeps Python floats in float64 (torch would round
+    them to float32 first, changing ``|error| + epsilon`` and overflowing beyond 3.4e38).
+    """
+    if isinstance(values, torch.Tensor):
+        return values.detach()
+    try:
+        array = np.asarray(values)
+        if array.dtype.kind not in "biuf":
+            raise TypeError
+        return torch.from_numpy(array)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be array-like numbers, got {type(values).__name__}") from None
+
+
 def _as_vector(name: str, values: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Lists, numpy arrays or tensors (any device) -> a detached 1-D tensor on ``device``."""
-    try:
-        tensor = torch.as_tensor(values).detach()
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"{name} must be array-like, got {type(values).__name__}") from None
+    tensor = _as_tensor(name, values)
     if tensor.dim() != 1:
         raise must(name, "one-dimensional", tuple(tensor.shape))
-    if dtype == torch.int64 and (tensor.is_floating_point() or tensor.is_complex()):
+    integral = not (tensor.is_floating_point() or tensor.is_complex())
+    if dtype == torch.int64 and not integral and tensor.numel():
         raise TypeError(f"{name} must hold integers, got dtype {tensor.dtype}")
     return tensor.to(device=device, dtype=dtype)
 

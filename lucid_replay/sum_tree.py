@@ -60,10 +60,10 @@ def set_leaves(tree: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) 
     if indices.numel() == 0:
         return
     count = leaf_count(tree)
+    # Sorting (unique) puts siblings together; scatter brings each value to its sorted index.
     unique, inverse = torch.unique(indices, return_inverse=True)
-    if unique.numel() != indices.numel():
-        reduced = torch.full(unique.shape, -torch.inf, dtype=tree.dtype, device=tree.device)
-        values = reduced.scatter_reduce_(0, inverse, values.to(tree.dtype), "amax")
+    reduced = torch.full(unique.shape, -torch.inf, dtype=tree.dtype, device=tree.device)
+    values = reduced.scatter_reduce_(0, inverse, values.to(tree.dtype), "amax")
     nodes = unique + count
     tree[nodes] = values.to(tree.dtype)
     for _ in range(count.bit_length() - 1):

@@ -1,0 +1,685 @@
+"""`PrioritizedSequenceReplay` against SPEC section 3 (and the reuse limit of section 2).
+
+Statistical tests draw ~20k chunks at a fixed seed and compare the (episode, start) frequencies
+with the SPEC formulas by chi-square (accepted at p > ACCEPT). Each also shows its power: the
+same counts are rejected (p < REJECT) against a plausible wrong formula, so the test could fail.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+from conftest import make_episode
+
+from lucid_replay import (
+    InvalidArgumentError,
+    PrioritizedBatch,
+    PrioritizedSequenceReplay,
+    ReuseLimitError,
+    SequenceReplay,
+    sum_tree,
+)
+
+ACCEPT = 1e-3  # fixed seeds: a pass is a pass; this only sets how lucky a seed had to be
+REJECT = 1e-6
+DRAWS = 20_000
+EPSILON = 1e-6
+
+# A length-2 episode is not eligible for length 3 and holds the largest priority, so any
+# leak of ineligible mass shows up strongly.
+LENGTHS = [4, 2, 6, 9, 12]
+ERRORS = [0.5, 8.0, 1.0, -2.0, 4.0]  # priorities |e| + EPSILON ~ [0.5, 8, 1, 2, 4]
+
+
+# ------------------------------------------------------------------------------ helpers
+def _buffer(
+    unit: str = "chunk",
+    alpha: float = 0.6,
+    *,
+    lengths: list[int] = LENGTHS,
+    errors: list[float] | None = ERRORS,
+    seed: int = 0,
+    capacity: int = 1_000,
+    **kwargs: object,
+) -> tuple[PrioritizedSequenceReplay, list[int]]:
+    buffer = PrioritizedSequenceReplay(
+        capacity, alpha=alpha, epsilon=EPSILON, unit=unit, seed=seed, **kwargs
+    )
+    ids = buffer.extend(make_episode(n) for n in lengths)
+    if errors is not None:
+        assert buffer.update_priorities(ids, errors) == len(ids)
+    return buffer, ids
+
+
+def _priorities(errors: list[float]) -> np.ndarray:
+    """SPEC: p = |error| + epsilon."""
+    return np.abs(np.asarray(errors, dtype=np.float64)) + EPSILON
+
+
+def _anchors(lengths: list[int], length: int) -> np.ndarray:
+    """n_e: eligible chunk starts T - L + 1 (0 if the episode is too short)."""
+    return np.maximum(np.asarray(lengths) - length + 1, 0)
+
+
+def _episode_probs(
+    lengths: list[int], priorities: np.ndarray, length: int, alpha: float, unit: str
+) -> np.ndarray:
+    """SPEC 3: chunk ~ n_e p_e^alpha; episode ~ [n_e > 0] p_e^alpha."""
+    counts = _anchors(lengths, length)
+    scaled = np.asarray(priorities, dtype=np.float64) ** alpha
+    mass = counts * scaled if unit == "chunk" else (counts > 0) * scaled
+    return mass / mass.sum()
+
+
+def _joint_probs(episode_probs: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+    """Cell (e, s) for each eligible start s of episode e: P(e) / n_e (start uniform)."""
+    pairs = zip(episode_probs, anchors, strict=True)
+    return np.concatenate([np.full(n, p / n) for p, n in pairs if n > 0])
+
+
+def _joint_counts(batch, ids: list[int], anchors: np.ndarray) -> np.ndarray:
+    """Counts of (episode, start) cells, cells laid out as in `_joint_probs`."""
+    position = batch.episode_ids.numpy() - ids[0]
+    starts = batch.starts.numpy()
+    assert (starts >= 0).all() and (starts < anchors[position]).all()
+    offsets = np.concatenate([[0], np.cumsum(anchors)])[:-1]
+    return np.bincount(offsets[position] + starts, minlength=int(anchors.sum()))
+
+
+def _pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square goodness of fit; cells of probability zero must be empty."""
+    observed, probs = np.asarray(observed), np.asarray(probs)
+    possible = probs > 0
+    assert observed[~possible].sum() == 0, "a zero-probability cell was drawn"
+    expected = probs[possible] / probs[possible].sum() * observed.sum()
+    return float(scipy.stats.chisquare(observed[possible], expected).pvalue)
+
+
+def _episode_counts(batch, ids: list[int]) -> np.ndarray:
+    return np.bincount(batch.episode_ids.numpy() - ids[0], minlength=len(ids))
+
+
+def _expected_weights(
+    batch_priorities: np.ndarray,
+    lengths: list[int],
+    priorities: np.ndarray,
+    length: int,
+    alpha: float,
+    beta: float,
+    unit: str,
+) -> np.ndarray:
+    """SPEC 3: w = (N P)^-beta / max over the batch, P the probability of the drawn item."""
+    counts = _anchors(lengths, length)
+    scaled = priorities**alpha
+    if unit == "chunk":  # P(chunk) = p^a / sum over eligible chunks; N = number of chunks
+        total, population = (counts * scaled).sum(), counts.sum()
+    else:  # P(episode) = p^a / sum over eligible episodes; N = number of eligible episodes
+        total, population = ((counts > 0) * scaled).sum(), (counts > 0).sum()
+    raw = (population * batch_priorities**alpha / total) ** -beta
+    return raw / raw.max()
+
+
+# ------------------------------------------------------------------------- construction
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"alpha": -0.1}, r"alpha must be >= 0(\.0)? and finite, got -0\.1"),
+        ({"alpha": float("nan")}, r"alpha must be >= 0(\.0)? and finite, got nan"),
+        ({"beta": -1.0}, r"beta must be >= 0(\.0)? and finite, got -1\.0"),
+        ({"epsilon": 0.0}, r"epsilon must be > 0(\.0)? and finite, got 0\.0"),
+        ({"epsilon": -1e-6}, r"epsilon must be > 0(\.0)? and finite, got -1e-06"),
+    ],
+)
+def test_constructor_refuses_bad_exponents(kwargs: dict[str, float], message: str) -> None:
+    """alpha < 0, beta < 0 or epsilon <= 0 raise ValueError naming the parameter and value."""
+    with pytest.raises(ValueError, match=message) as caught:
+        PrioritizedSequenceReplay(100, **kwargs)
+    assert isinstance(caught.value, InvalidArgumentError)
+
+
+def test_properties_and_defaults() -> None:
+    """alpha/beta/epsilon as given (defaults 0.6/0.4/1e-6); max priority starts at 1.0."""
+    default = PrioritizedSequenceReplay(100)
+    assert (default.alpha, default.beta, default.epsilon) == (0.6, 0.4, 1e-6)
+    assert default.max_priority == 1.0
+    assert default.unit == "chunk"
+    assert isinstance(default, SequenceReplay)
+    custom = PrioritizedSequenceReplay(
+        100, alpha=0.0, beta=0.0, epsilon=0.5, unit="episode", max_times_sampled=3
+    )
+    assert (custom.alpha, custom.beta, custom.epsilon) == (0.0, 0.0, 0.5)
+    assert (custom.unit, custom.max_times_sampled) == ("episode", 3)
+    assert custom.priorities.shape == (0,)
+
+
+def test_sample_prioritized_batch_fields() -> None:
+    """A PrioritizedBatch: chunks of the drawn episodes, indices = episode ids, float32 [B]."""
+    buffer, _ = _buffer(lengths=[5, 8], errors=None)
+    batch = buffer.sample_prioritized(16, 3)
+    assert isinstance(batch, PrioritizedBatch)
+    assert torch.equal(batch.indices, batch.episode_ids)
+    assert batch.indices.dtype == batch.starts.dtype == torch.int64
+    assert batch.weights.dtype == torch.float32 and batch.weights.shape == (16,)
+    assert batch["serial"].shape == (16, 3)
+    for episode_id, start, serial in zip(batch.indices, batch.starts, batch["serial"], strict=True):
+        expected = buffer[int(episode_id)]["serial"][int(start) : int(start) + 3]
+        assert torch.equal(serial, expected)
+
+
+def test_sample_prioritized_refuses_a_length_no_episode_has() -> None:
+    """A length above every stored episode raises ValueError naming the longest length."""
+    buffer, _ = _buffer(lengths=[4, 6], errors=None)
+    with pytest.raises(ValueError, match=r"longest stored episode \(6 steps\), got 7"):
+        buffer.sample_prioritized(4, 7)
+
+
+# ------------------------------------------------------------------------ distributions
+@pytest.mark.statistical
+@pytest.mark.parametrize("unit", ["chunk", "episode"])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_prioritized_distribution_matches_spec(unit: str, alpha: float) -> None:
+    """Episodes are drawn ~ n_e p^a (chunk) or ~ p^a (episode), starts uniform (chi-square)."""
+    buffer, ids = _buffer(unit, alpha, seed=11)
+    batch = buffer.sample_prioritized(DRAWS, 3)
+    anchors = _anchors(LENGTHS, 3)
+    priorities = _priorities(ERRORS)
+    expected = _episode_probs(LENGTHS, priorities, 3, alpha, unit)
+    episodes = _episode_counts(batch, ids)
+    joint = _joint_counts(batch, ids, anchors)
+    assert _pvalue(episodes, expected) > ACCEPT
+    assert _pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT
+    # Power: the other unit's formula, another alpha, and an off-by-one n_e are all rejected.
+    other_unit = "episode" if unit == "chunk" else "chunk"
+    other_alpha = {0.0: 0.6, 0.6: 1.0, 1.0: 0.6}[alpha]
+    assert _pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, alpha, other_unit)) < REJECT
+    assert _pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, other_alpha, unit)) < REJECT
+    if unit == "chunk":
+        off_by_one = _episode_probs(LENGTHS, priorities, 4, alpha, unit)  # n_e = T - L
+        assert _pvalue(episodes, off_by_one) < REJECT
+
+
+@pytest.mark.statistical
+def test_start_within_an_episode_is_uniform() -> None:
+    """Starts inside one episode are uniform over its T - L + 1 starts; a biased end is caught."""
+    buffer, ids = _buffer("chunk", 1.0, lengths=[12, 4], errors=[4.0, 0.5], seed=5)
+    batch = buffer.sample_prioritized(DRAWS, 3)
+    starts = batch.starts.numpy()[batch.indices.numpy() == ids[0]]
+    counts = np.bincount(starts, minlength=10)
+    assert len(counts) == 10  # never past the last start T - L
+    assert _pvalue(counts, np.full(10, 0.1)) > ACCEPT
+    # Power: the last start at half or double the others' probability is rejected.
+    assert _pvalue(counts, np.r_[np.full(9, 1.0), 0.5]) < REJECT
+    assert _pvalue(counts, np.r_[np.full(9, 1.0), 2.0]) < REJECT
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("unit", ["chunk", "episode"])
+def test_alpha_zero_is_the_uniform_buffers_distribution(unit: str) -> None:
+    """alpha = 0 draws like SequenceReplay.sample of the same data (formula and homogeneity)."""
+    prioritized, ids = _buffer(unit, 0.0, seed=21)
+    uniform = SequenceReplay(1_000, unit=unit, seed=22)
+    uniform.extend(make_episode(n) for n in LENGTHS)
+    anchors = _anchors(LENGTHS, 3)
+    by_priority = _joint_counts(prioritized.sample_prioritized(DRAWS, 3), ids, anchors)
+    by_uniform = _joint_counts(uniform.sample(DRAWS, 3), ids, anchors)
+    uniform_episode = anchors if unit == "chunk" else (anchors > 0).astype(float)
+    uniform_joint = _joint_probs(uniform_episode / uniform_episode.sum(), anchors)
+    assert _pvalue(by_priority, uniform_joint) > ACCEPT
+    assert _pvalue(by_uniform, uniform_joint) > ACCEPT
+    table = np.stack([by_priority, by_uniform])
+    assert scipy.stats.chi2_contingency(table[:, table.sum(0) > 0]).pvalue > ACCEPT
+    # Power: the priorities (which alpha = 0 must ignore) would be detected.
+    weighted = _episode_probs(LENGTHS, _priorities(ERRORS), 3, 1.0, unit)
+    assert _pvalue(by_priority, _joint_probs(weighted, anchors)) < REJECT
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("unit", ["chunk", "episode"])
+def test_sample_stays_uniform_on_a_prioritized_buffer(unit: str) -> None:
+    """`sample` on a prioritized buffer ignores priorities (chi-square vs the uniform formula)."""
+    buffer, ids = _buffer(unit, 1.0, seed=31)
+    anchors = _anchors(LENGTHS, 3)
+    batch = buffer.sample(DRAWS, 3)
+    assert not isinstance(batch, PrioritizedBatch)
+    joint = _joint_counts(batch, ids, anchors)
+    uniform = anchors if unit == "chunk" else (anchors > 0).astype(float)
+    assert _pvalue(joint, _joint_probs(uniform / uniform.sum(), anchors)) > ACCEPT
+    weighted = _episode_probs(LENGTHS, _priorities(ERRORS), 3, 1.0, unit)
+    assert _pvalue(joint, _joint_probs(weighted, anchors)) < REJECT
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("unit", ["chunk", "episode"])
+def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
+    """Lengths 3, 5, 3, 5 with updates and an add between: every phase matches the SPEC."""
+    alpha = 0.7
+    buffer, ids = _buffer(unit, alpha, seed=41)
+    lengths, priorities = list(LENGTHS), _priorities(ERRORS)
+    phases = [
+        (3, None),
+        (5, [4.0, 8.0, 2.0, 1.0, 0.5]),
+        (3, [1.0, 0.125, 3.0, 0.25, 2.0]),  # then a new episode: every tree gets a dirty row
+        (5, [0.25, 8.0, 0.25, 6.0, 1.0, 0.375]),
+    ]
+    for phase, (length, errors) in enumerate(phases):
+        stale = priorities
+        if errors is not None:
+            assert buffer.update_priorities(ids, errors) == len(ids)
+            priorities = _priorities(errors)
+        if phase == 2:
+            ids.append(buffer.add(make_episode(7)))
+            lengths.append(7)
+            priorities = np.append(priorities, buffer.max_priority)
+            stale = np.append(stale, buffer.max_priority)
+        np.testing.assert_allclose(buffer.priorities.numpy(), priorities, rtol=1e-12)
+        anchors = _anchors(lengths, length)
+        expected = _episode_probs(lengths, priorities, length, alpha, unit)
+        batch = buffer.sample_prioritized(DRAWS, length)
+        joint = _joint_counts(batch, ids, anchors)
+        assert _pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT, f"phase {phase}"
+        if errors is not None:
+            # Power: a tree left at the previous priorities would be rejected.
+            before = _episode_probs(lengths, stale, length, alpha, unit)
+            assert _pvalue(_episode_counts(batch, ids), before) < REJECT, f"phase {phase}"
+
+
+# ------------------------------------------------------------------------------ weights
+@pytest.mark.parametrize("unit", ["chunk", "episode"])
+@pytest.mark.parametrize(("alpha", "beta"), [(0.6, 0.4), (1.0, 1.0), (0.5, 0.0), (0.0, 0.7)])
+def test_weights_match_the_formula(unit: str, alpha: float, beta: float) -> None:
+    """Weights are (N P_i)^-beta / max_j (N P_j)^-beta over each batch; the largest is exactly 1."""
+    buffer, ids = _buffer(unit, alpha, beta=beta, seed=51)
+    priorities = _priorities(ERRORS)
+    for batch_size in (1, 3, 7, 64):
+        batch = buffer.sample_prioritized(batch_size, 3)
+        assert batch.weights.dtype == torch.float32
+        assert batch.weights.shape == (batch_size,)
+        assert float(batch.weights.max()) == 1.0
+        drawn = priorities[batch.indices.numpy() - ids[0]]
+        expected = _expected_weights(drawn, LENGTHS, priorities, 3, alpha, beta, unit)
+        np.testing.assert_allclose(batch.weights.numpy(), expected, rtol=1e-6)
+
+
+def test_weights_follow_anneal_beta() -> None:
+    """After anneal_beta the weights use the annealed beta (and still peak at exactly 1)."""
+    buffer, ids = _buffer("chunk", 0.8, beta=0.2, seed=52)
+    priorities = _priorities(ERRORS)
+    for fraction, final in [(0.5, 1.0), (1.0, 1.0), (0.25, 3.0)]:
+        buffer.anneal_beta(fraction, final)
+        beta = 0.2 + fraction * (final - 0.2)
+        batch = buffer.sample_prioritized(256, 3)
+        drawn = priorities[batch.indices.numpy() - ids[0]]
+        expected = _expected_weights(drawn, LENGTHS, priorities, 3, 0.8, beta, "chunk")
+        assert float(batch.weights.max()) == 1.0
+        np.testing.assert_allclose(batch.weights.numpy(), expected, rtol=1e-6)
+        # Power: the constructor's beta would give visibly different weights.
+        stale = _expected_weights(drawn, LENGTHS, priorities, 3, 0.8, 0.2, "chunk")
+        assert not np.allclose(batch.weights.numpy(), stale, rtol=1e-3)
+
+
+# ---------------------------------------------------------------------- anneal_beta
+def test_anneal_beta_is_linear_from_the_constructors_beta() -> None:
+    """beta = beta0 + fraction (final - beta0), from beta0 every time (calls do not compound)."""
+    buffer = PrioritizedSequenceReplay(100, beta=0.4)
+    buffer.anneal_beta(0.5)
+    assert buffer.beta == pytest.approx(0.7, rel=1e-12)
+    buffer.anneal_beta(0.5)
+    assert buffer.beta == pytest.approx(0.7, rel=1e-12)
+    buffer.anneal_beta(1.0)
+    assert buffer.beta == 1.0
+    buffer.anneal_beta(0.0)
+    assert buffer.beta == 0.4
+    buffer.anneal_beta(0.5, final=0.0)
+    assert buffer.beta == pytest.approx(0.2, rel=1e-12)
+    buffer.anneal_beta(0.25, final=2.0)
+    assert buffer.beta == pytest.approx(0.8, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("fraction", "final", "message"),
+    [
+        (-0.1, 1.0, r"fraction must be .*got -0\.1"),
+        (1.5, 1.0, r"fraction must be in \[0, 1\], got 1\.5"),
+        (float("nan"), 1.0, r"fraction must be .*got nan"),
+        (0.5, -1.0, r"final must be >= 0.*got -1\.0"),
+    ],
+)
+def test_anneal_beta_refuses_bad_arguments(fraction: float, final: float, message: str) -> None:
+    """A fraction outside [0, 1] (or a negative final) raises ValueError; beta is unchanged."""
+    buffer = PrioritizedSequenceReplay(100, beta=0.4)
+    buffer.anneal_beta(0.5)
+    with pytest.raises(ValueError, match=message):
+        buffer.anneal_beta(fraction, final)
+    assert buffer.beta == pytest.approx(0.7, rel=1e-12)
+
+
+# -------------------------------------------------------------------- max priority
+def test_new_episode_gets_the_largest_priority_ever_set() -> None:
+    """add uses the max priority: 1.0 at first, then the largest set, even once evicted."""
+    buffer = PrioritizedSequenceReplay(8, epsilon=EPSILON)
+    first = buffer.add(make_episode(4))
+    assert buffer.priorities.tolist() == [1.0]
+    second = buffer.add(make_episode(4))
+    assert buffer.priorities.tolist() == [1.0, 1.0]
+    buffer.update_priorities([first, second], [5.0, 0.25])
+    top = 5.0 + EPSILON
+    assert buffer.max_priority == top
+    third = buffer.add(make_episode(4))  # evicts `first`, the max-priority episode
+    assert first not in buffer
+    assert list(buffer.episode_ids) == [second, third]
+    assert buffer.priorities.tolist() == [0.25 + EPSILON, top]
+    buffer.update_priorities([second, third], [0.125, 0.125])  # every stored one is now low
+    fourth = buffer.add(make_episode(4))
+    assert buffer.max_priority == top
+    assert buffer.priorities.tolist() == [0.125 + EPSILON, top]
+    assert buffer.update_priorities([fourth], [-7.0]) == 1  # |error|
+    assert buffer.max_priority == 7.0 + EPSILON
+
+
+def test_priorities_below_one_keep_the_initial_maximum() -> None:
+    """The maximum starts at 1.0: lowering every priority does not lower what new episodes get."""
+    buffer, _ = _buffer(lengths=[4, 4], errors=[0.125, 0.25])
+    assert buffer.max_priority == 1.0
+    buffer.add(make_episode(4))
+    assert buffer.priorities[-1].item() == 1.0
+
+
+def test_skipped_ids_do_not_raise_the_maximum() -> None:
+    """An evicted id's error is skipped: it neither counts nor raises the max priority."""
+    buffer = PrioritizedSequenceReplay(8, epsilon=EPSILON)
+    gone = buffer.add(make_episode(4))
+    kept = buffer.add(make_episode(4))
+    newest = buffer.add(make_episode(4))
+    assert gone not in buffer
+    assert buffer.update_priorities([gone], [100.0]) == 0
+    assert buffer.update_priorities([gone, kept], [100.0, 2.0]) == 1
+    assert buffer.max_priority == 2.0 + EPSILON
+    assert buffer.priorities.tolist() == [2.0 + EPSILON, 1.0]
+    buffer.add(make_episode(4))  # evicts `kept`
+    assert buffer.priorities.tolist() == [1.0, 2.0 + EPSILON]
+    assert newest in buffer
+
+
+# ---------------------------------------------------------------- update_priorities
+@pytest.mark.parametrize(
+    "convert",
+    [
+        pytest.param(lambda i, e: (list(i), list(e)), id="lists"),
+        pytest.param(lambda i, e: (np.array(i), np.array(e)), id="numpy"),
+        pytest.param(lambda i, e: (np.array(i, np.int32), np.array(e, np.float32)), id="np32"),
+        pytest.param(lambda i, e: (torch.tensor(i), torch.tensor(e)), id="tensors"),
+        pytest.param(
+            lambda i, e: (torch.tensor(i, dtype=torch.int32), torch.tensor(e)), id="int32"
+        ),
+    ],
+)
+def test_update_priorities_accepts_lists_arrays_and_tensors(convert) -> None:
+    """Lists, numpy arrays and tensors all set p = |error| + epsilon and return the count."""
+    buffer, ids = _buffer(lengths=[4, 4, 4], errors=None)
+    errors = [0.5, -2.0, 0.0]
+    indices, values = convert([ids[2], ids[0], ids[1]], errors)
+    assert buffer.update_priorities(indices, values) == 3
+    as_float64 = np.asarray(values, dtype=np.float64)  # float32 inputs keep their rounding
+    expected = np.abs(as_float64[[1, 2, 0]]) + EPSILON
+    np.testing.assert_array_equal(buffer.priorities.numpy(), expected)
+    assert buffer.priorities.dtype == torch.float64
+
+
+@pytest.mark.parametrize("container", [list, tuple])
+def test_update_priorities_keeps_python_floats_in_float64(container) -> None:
+    """Python-float errors keep float64 precision: p = |error| + epsilon exactly."""
+    buffer, ids = _buffer(lengths=[4, 4], errors=None)
+    buffer.update_priorities(container(ids), container([0.1, -1 / 3]))
+    assert buffer.priorities.tolist() == [0.1 + EPSILON, 1 / 3 + EPSILON]
+
+
+def test_update_priorities_accepts_finite_errors_beyond_float32() -> None:
+    """A finite error above float32's range (1e39) is a valid priority, not an infinite one."""
+    buffer, ids = _buffer(lengths=[4, 4], errors=None)
+    assert buffer.update_priorities([ids[0]], [1e39]) == 1
+    assert buffer.priorities.tolist() == [1e39, 1.0]
+
+
+def test_update_priorities_duplicates_reduce_with_max_and_count_once() -> None:
+    """Duplicate ids take the largest |error|; the return value counts distinct ids."""
+    buffer, ids = _buffer(lengths=[4, 4, 4], errors=None)
+    applied = buffer.update_priorities(
+        [ids[1], ids[0], ids[1], ids[1], ids[0]], [0.5, -0.25, -3.0, 2.0, 0.1]
+    )
+    assert applied == 2
+    assert buffer.priorities.tolist() == [0.25 + EPSILON, 3.0 + EPSILON, 1.0]
+    assert buffer.max_priority == 3.0 + EPSILON
+
+
+def test_priorities_stay_aligned_with_episode_ids() -> None:
+    """`priorities[i]` is the priority of `episode_ids[i]`, also after evictions."""
+    buffer = PrioritizedSequenceReplay(12, epsilon=EPSILON)
+    ids = buffer.extend(make_episode(3) for _ in range(4))
+    buffer.update_priorities(ids, [0.0, 1.0, 2.0, 3.0])
+    later = buffer.extend(make_episode(3) for _ in range(2))  # evicts ids[0], ids[1]
+    buffer.update_priorities(later, [4.0, 5.0])
+    assert list(buffer.episode_ids) == [*ids[2:], *later]
+    assert buffer.priorities.tolist() == [e + EPSILON for e in (2.0, 3.0, 4.0, 5.0)]
+
+
+@pytest.mark.statistical
+def test_evicted_id_never_touches_the_episode_now_in_its_row() -> None:
+    """After the table's rows wrap, an evicted id's update leaves its row's new tenant alone."""
+    buffer = PrioritizedSequenceReplay(8, alpha=1.0, epsilon=EPSILON, seed=61)
+    first = buffer.add(make_episode(4))
+    buffer.sample_prioritized(8, 2)  # build the tree early: later changes are incremental
+    rows = buffer._table.row_count
+    for _ in range(rows):
+        newest = buffer.add(make_episode(4))
+    assert newest == first + rows
+    assert buffer._table.row_of(newest) == buffer._table.row_of(first)  # same row, new tenant
+    assert buffer._table.row_count == rows  # no growth: rows really are reused
+    before = buffer.priorities.clone()
+    assert buffer.update_priorities([first], [1_000.0]) == 0
+    assert buffer.update_priorities([first, newest - 1], [1_000.0, 2.0]) == 1
+    assert buffer.priorities.tolist() == [2.0 + EPSILON, before[1].item()]
+    assert buffer.max_priority == 2.0 + EPSILON
+    # The sum tree agrees: p = [2, 1] with alpha = 1, not [2, 1000].
+    batch = buffer.sample_prioritized(4_000, 2)
+    counts = _episode_counts(batch, [newest - 1, newest])
+    assert _pvalue(counts, [2 / 3, 1 / 3]) > ACCEPT
+    assert _pvalue(counts, [2 / 1002, 1000 / 1002]) < REJECT
+
+
+def test_update_priorities_refuses_never_issued_ids_atomically() -> None:
+    """An id never issued (or negative) raises ValueError and updates none of the others."""
+    buffer, ids = _buffer(lengths=[4, 4], errors=None)
+    for bad in (ids[-1] + 1, 99, -1):
+        with pytest.raises(ValueError, match=rf"indices\[1\] must be an issued .*got {bad}"):
+            buffer.update_priorities([ids[0], bad], [9.0, 9.0])
+    assert buffer.priorities.tolist() == [1.0, 1.0]
+    assert buffer.max_priority == 1.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_update_priorities_refuses_non_finite_errors_atomically(bad: float) -> None:
+    """A NaN or infinite error raises ValueError naming its position; nothing is updated."""
+    buffer, ids = _buffer(lengths=[4, 4], errors=None)
+    with pytest.raises(ValueError, match=r"errors\[1\] must be finite, got (nan|-?inf)"):
+        buffer.update_priorities(ids, [9.0, bad])
+    assert buffer.priorities.tolist() == [1.0, 1.0]
+    assert buffer.max_priority == 1.0
+
+
+@pytest.mark.parametrize(("count", "errors"), [(2, [1.0]), (1, [1.0, 2.0])])
+def test_update_priorities_refuses_length_mismatch(count: int, errors: list[float]) -> None:
+    """indices and errors of different lengths raise ValueError; nothing is updated."""
+    buffer, ids = _buffer(lengths=[4, 4], errors=None)
+    with pytest.raises(ValueError, match=rf"errors must be as long as indices \({count}\)"):
+        buffer.update_priorities(ids[:count], errors)
+    assert buffer.priorities.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [
+        pytest.param(([], []), id="lists"),
+        pytest.param((np.array([], np.int64), np.array([])), id="numpy"),
+        pytest.param((torch.tensor([], dtype=torch.int64), torch.tensor([])), id="tensors"),
+    ],
+)
+def test_update_priorities_with_nothing_applies_nothing(empty) -> None:
+    """An empty update (e.g. no learning records this step) returns 0 and changes nothing."""
+    buffer, _ = _buffer(lengths=[4, 4], errors=None)
+    assert buffer.update_priorities(*empty) == 0
+    assert buffer.priorities.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("shape", [(1, 2), ()])
+def test_update_priorities_refuses_non_vectors(shape: tuple[int, ...]) -> None:
+    """indices that are not one-dimensional raise ValueError naming the shape."""
+    buffer, ids = _buffer(lengths=[4, 4], errors=None)
+    indices = torch.tensor(ids[:2]).reshape(shape) if shape else torch.tensor(ids[0])
+    errors = torch.ones(shape)
+    with pytest.raises(
+        ValueError, match=re.escape(f"indices must be one-dimensional, got {shape}")
+    ):
+        buffer.update_priorities(indices, errors)
+    assert buffer.priorities.tolist() == [1.0, 1.0]
+
+
+def test_update_priorities_refuses_float_ids() -> None:
+    """Float ids are a dtype mismatch: TypeError, nothing updated."""
+    buffer, ids = _buffer(lengths=[4, 4], errors=None)
+    with pytest.raises(TypeError, match=r"indices must hold integers"):
+        buffer.update_priorities([float(ids[0])], [3.0])
+    assert buffer.priorities.tolist() == [1.0, 1.0]
+
+
+def test_refused_update_leaves_draws_unchanged() -> None:
+    """A refused update does not dirty the trees: draws equal an untouched twin's."""
+    buffer, ids = _buffer(seed=71)
+    twin, _ = _buffer(seed=71)
+    buffer.sample_prioritized(4, 3)
+    twin.sample_prioritized(4, 3)
+    with pytest.raises(ValueError, match=r"must be finite"):
+        buffer.update_priorities(ids, [100.0] * (len(ids) - 1) + [float("nan")])
+    ours, theirs = buffer.sample_prioritized(256, 3), twin.sample_prioritized(256, 3)
+    assert torch.equal(ours.indices, theirs.indices) and torch.equal(ours.starts, theirs.starts)
+    assert torch.equal(ours.weights, theirs.weights)
+
+
+# ------------------------------------------------------------------------ reuse limit
+def test_reuse_limit_caps_draws_also_within_one_batch() -> None:
+    """With max_times_sampled=K a favourite is drawn at most K times, then never again."""
+    buffer, ids = _buffer(
+        "chunk", 1.0, lengths=[5, 5, 5, 5], errors=[1.0, 1.0, 1_000.0, 1.0], max_times_sampled=2
+    )
+    first = buffer.sample_prioritized(5, 3)
+    counts = _episode_counts(first, ids)
+    assert counts.max() <= 2
+    assert counts[2] == 2  # ~99.7% of the mass: it fills its allowance within the batch
+    # Weights are those at the start of the call, from the priorities alone.
+    priorities = _priorities([1.0, 1.0, 1_000.0, 1.0])
+    drawn = priorities[first.indices.numpy() - ids[0]]
+    expected = _expected_weights(drawn, [5] * 4, priorities, 3, 1.0, 0.4, "chunk")
+    np.testing.assert_allclose(first.weights.numpy(), expected, rtol=1e-6)
+    second = buffer.sample_prioritized(3, 3)
+    total = counts + _episode_counts(second, ids)
+    assert total[2] == 2, "a retired episode was drawn again"
+    assert total.max() <= 2 and total.sum() == 8
+    assert buffer.stats()["episodes_retired"] == 4
+
+
+def test_reuse_limit_exhaustion_raises_and_draws_nothing() -> None:
+    """Asking for more draws than are left raises ReuseLimitError; counters and RNG untouched."""
+    kwargs = {"lengths": [5, 2, 6, 7], "errors": [1.0, 1.0, 3.0, 0.5], "max_times_sampled": 2}
+    buffer, ids = _buffer("episode", 0.6, seed=81, **kwargs)
+    twin, _ = _buffer("episode", 0.6, seed=81, **kwargs)
+    stats = buffer.stats()
+    # The length-2 episode is not eligible for length 3: 3 episodes x 2 draws are left.
+    with pytest.raises(ReuseLimitError, match=r"max_times_sampled=2 .*\(6\), got 7") as caught:
+        buffer.sample_prioritized(7, 3)
+    assert isinstance(caught.value, ValueError)
+    assert buffer.stats() == stats
+    ours, theirs = buffer.sample_prioritized(6, 3), twin.sample_prioritized(6, 3)
+    assert torch.equal(ours.indices, theirs.indices) and torch.equal(ours.starts, theirs.starts)
+    assert np.bincount(ours.indices.numpy() - ids[0], minlength=4).tolist() == [2, 0, 2, 2]
+    with pytest.raises(ValueError, match=r"max_times_sampled=2|non-empty"):
+        buffer.sample_prioritized(1, 3)
+
+
+# ------------------------------------------------------------------------- persistence
+def test_save_load_round_trips_priorities_and_draws(tmp_path) -> None:
+    """load restores priorities, max priority, alpha/beta/epsilon; next draws equal a twin's."""
+
+    def build() -> PrioritizedSequenceReplay:
+        buffer = PrioritizedSequenceReplay(
+            40, alpha=0.7, beta=0.3, epsilon=1e-3, unit="chunk", seed=91
+        )
+        ids = buffer.extend(make_episode(n, first_serial=1_000 * n) for n in [9, 4, 8, 6, 10])
+        buffer.update_priorities(ids, [12.0, 0.5, 3.0, 2.0, 0.25])  # 12 is the max...
+        buffer.sample_prioritized(32, 3)
+        buffer.sample_prioritized(32, 5)  # a second tree, kept current incrementally
+        buffer.update_priorities(ids[2:], [0.1, 5.0, 1.5])
+        ids.append(buffer.add(make_episode(7, first_serial=99_000)))  # ...evicted here
+        assert ids[0] not in buffer
+        buffer.anneal_beta(0.25, final=0.9)
+        return buffer
+
+    original = build()
+    twin = build()
+    path = tmp_path / "buffer.pt"
+    original.save(path)
+    loaded = SequenceReplay.load(path)
+    assert type(loaded) is PrioritizedSequenceReplay
+    assert (loaded.alpha, loaded.epsilon, loaded.unit) == (0.7, 1e-3, "chunk")
+    assert loaded.beta == original.beta == pytest.approx(0.3 + 0.25 * 0.6, rel=1e-12)
+    assert loaded.max_priority == original.max_priority == 12.0 + 1e-3
+    assert list(loaded.episode_ids) == list(original.episode_ids)
+    assert torch.equal(loaded.priorities, original.priorities)
+    for length in (3, 5, 3):
+        ours, theirs = loaded.sample_prioritized(64, length), twin.sample_prioritized(64, length)
+        assert torch.equal(ours.indices, theirs.indices)
+        assert torch.equal(ours.starts, theirs.starts)
+        assert torch.equal(ours.weights, theirs.weights)
+        assert torch.equal(ours["serial"], theirs["serial"])
+        plain_ours, plain_theirs = loaded.sample(16, length), twin.sample(16, length)
+        assert torch.equal(plain_ours.episode_ids, plain_theirs.episode_ids)
+        for buffer in (loaded, twin):
+            buffer.update_priorities(ours.indices, ours.starts.double())
+    assert loaded.add(make_episode(4)) == twin.add(make_episode(4))
+    assert torch.equal(loaded.priorities, twin.priorities)
+    loaded.anneal_beta(0.0)  # beta0 survives the round trip: no compounding from the save
+    assert loaded.beta == 0.3
+
+
+# ------------------------------------------------------------------- scaling smoke check
+def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
+    """Thousands of episodes (table growth, evictions, two spans): trees match the model's leaves.
+
+    A smoke check of the incremental path at scale, not a timing test.
+    """
+    rng = np.random.default_rng(101)
+    alpha = 0.6
+    buffer = PrioritizedSequenceReplay(12_000, alpha=alpha, epsilon=EPSILON, seed=101)
+    lengths: dict[int, int] = {}
+    for round_ in range(6):
+        new = rng.integers(1, 9, size=700)
+        ids = buffer.extend(make_episode(int(n), first_serial=0) for n in new)
+        lengths.update(zip(ids, new.tolist(), strict=True))
+        for span in (3, 6):
+            batch = buffer.sample_prioritized(128, span)
+            errors = rng.exponential(size=128) * (round_ + 1)
+            buffer.update_priorities(batch.indices, errors)
+    assert buffer._table.row_count > 1_024  # the table grew at least once
+    assert buffer.stats()["episodes_evicted"] > 0
+    stored = list(buffer.episode_ids)
+    priorities = buffer.priorities.numpy()
+    rows = buffer._table.rows_of(torch.tensor(stored)).numpy()
+    for span in (3, 6):
+        tree = buffer._sampler.tree(span, True)
+        counts = _anchors([lengths[i] for i in stored], span)
+        expected = np.zeros(buffer._table.row_count)
+        expected[rows] = counts * priorities**alpha
+        np.testing.assert_allclose(sum_tree.leaves(tree).numpy(), expected, rtol=1e-12)
+        assert float(sum_tree.total(tree)) == pytest.approx(expected.sum(), rel=1e-12)
