@@ -1,0 +1,260 @@
+"""Rows measured on lucid_replay, the gather floor, and the memcpy reference for ``add``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.config import Config
+from benchmarks.data import Dataset, cycled_episode, record_bytes
+from benchmarks.rows import Row, available_bytes
+from benchmarks.timing import measure
+from lucid_replay import Episode, PrioritizedSequenceReplay, Window
+
+
+def reference_window(config: Config, *, allow_partial: bool = False) -> Window:
+    return Window(
+        config.length,
+        burn_in=config.burn_in,
+        bootstrap=config.bootstrap,
+        dilation=config.dilation,
+        allow_partial=allow_partial,
+    )
+
+
+def window_errors(config: Config, seed: int = 1) -> torch.Tensor:
+    """Per-record TD errors ``[B, W]`` fed to every priority update (same for all backends)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(config.batch, config.window_size, generator=generator)
+
+
+def fill(buffer: PrioritizedSequenceReplay, dataset: Dataset) -> None:
+    for index in range(len(dataset.lengths)):
+        steps, terminated = dataset.episode(index)
+        buffer.add(Episode(steps, terminated=terminated))
+
+
+def build(config: Config, dataset: Dataset, device: str = "cpu") -> PrioritizedSequenceReplay:
+    buffer = PrioritizedSequenceReplay(
+        config.transitions, alpha=config.alpha, beta=config.beta, seed=config.seed, device=device
+    )
+    fill(buffer, dataset)
+    return buffer
+
+
+def add_episode(config: Config, dataset: Dataset) -> Episode:
+    steps = cycled_episode(dataset, 12_345, config.add_len, terminated=False)
+    return Episode({k: v.clone() for k, v in steps.items()})
+
+
+def floor_row(config: Config, dataset: Dataset) -> Row:
+    """One ``index_select`` per field of ``B x W`` records from preallocated flat tensors.
+
+    Each call gathers a fresh set of random windows (64 index sets prepared beforehand and
+    cycled), so the floor reads cold memory as a sampler does rather than re-reading 7.6 MB
+    that the previous call left in cache.
+    """
+    generator = torch.Generator().manual_seed(config.seed + 7)
+    span = 1 + config.dilation * (config.window_size - 1)
+    record = torch.arange(config.window_size) * config.dilation
+    indices = [
+        (
+            torch.randint(0, dataset.num_transitions - span, (config.batch, 1), generator=generator)
+            + record
+        ).reshape(-1)
+        for _ in range(64)
+    ]
+    fields = dataset.fields
+    calls = itertools.count()
+
+    def gather() -> dict[str, torch.Tensor]:
+        index = indices[next(calls) % len(indices)]
+        return {k: v.index_select(0, index) for k, v in fields.items()}
+
+    timing = measure(gather, reps=config.reps, warmup=config.warmup)
+    moved = indices[0].numel() * record_bytes(fields)
+    return Row.timed(
+        "floor",
+        f"gather floor: index_select of {config.batch}x{config.window_size} records",
+        timing,
+        note=f"{moved / 1e6:.2f} MB gathered ({len(fields)} fields)",
+        extra={"bytes": moved},
+    )
+
+
+def sampling_rows(config: Config, buffer: PrioritizedSequenceReplay) -> list[Row]:
+    window = reference_window(config)
+    errors = window_errors(config)
+    batch = config.batch
+
+    def uniform() -> object:
+        return buffer.sample_windows(batch, window, prioritized=False)
+
+    def prioritized() -> object:
+        return buffer.sample_windows(batch, window)
+
+    def prioritized_update() -> object:
+        drawn = buffer.sample_windows(batch, window)
+        return buffer.update_priorities_from(drawn, errors)
+
+    common = {"reps": config.reps, "warmup": config.warmup}
+    return [
+        Row.timed(
+            "lucid.uniform",
+            "lucid_replay sample_windows, uniform",
+            measure(uniform, **common),
+        ),
+        Row.timed(
+            "lucid.prioritized",
+            "lucid_replay sample_windows, prioritized",
+            measure(prioritized, **common),
+        ),
+        Row.timed(
+            "lucid.prioritized_update",
+            "lucid_replay prioritized sample_windows + update_priorities_from",
+            measure(prioritized_update, **common),
+        ),
+    ]
+
+
+def loop_row(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode) -> Row:
+    window = reference_window(config)
+    errors = window_errors(config)
+
+    def step() -> object:
+        buffer.add(episode)
+        drawn = buffer.sample_windows(config.batch, window)
+        return buffer.update_priorities_from(drawn, errors)
+
+    return Row.timed(
+        "lucid.loop",
+        f"lucid_replay loop: add {config.add_len}-step episode + sample + update",
+        measure(step, reps=config.reps, warmup=config.warmup),
+    )
+
+
+def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode) -> list[Row]:
+    """``add`` into a full buffer (evicting) next to copying the episode's bytes."""
+    common = {"reps": max(config.reps, 50), "warmup": config.warmup}
+    nbytes = sum(t.numel() * t.element_size() for t in episode.steps.values())
+    source = torch.empty(nbytes, dtype=torch.uint8)
+    target = torch.empty(nbytes, dtype=torch.uint8)
+    destinations = {k: torch.empty_like(v) for k, v in episode.steps.items()}
+
+    def memcpy() -> None:
+        target.copy_(source)
+
+    def per_field() -> None:
+        for name, values in episode.steps.items():
+            destinations[name].copy_(values)
+
+    fields = len(episode.steps)
+    return [
+        Row.timed(
+            "add.lucid",
+            f"lucid_replay add ({config.add_len}-step episode, full buffer)",
+            measure(lambda: buffer.add(episode), **common),
+            group="add",
+        ),
+        Row.timed(
+            "add.memcpy",
+            f"memcpy of its {nbytes / 1e3:.1f} kB (one contiguous copy_)",
+            measure(memcpy, **common),
+            group="add",
+            extra={"bytes": nbytes},
+        ),
+        Row.timed(
+            "add.copy_fields",
+            f"copy of its bytes field by field ({fields} copy_)",
+            measure(per_field, **common),
+            group="add",
+        ),
+    ]
+
+
+def memory_rows(config: Config, buffer: PrioritizedSequenceReplay) -> list[Row]:
+    """Bytes beyond the user's data, read off the buffer's own tensors."""
+    table = buffer._table
+    table_bytes = sum(t.numel() * t.element_size() for t in table.columns.values())
+    tree_bytes = sum(t.numel() * t.element_size() for t in buffer._sampler._trees.values())
+    ring = buffer._ring.fields
+    ring_bytes = sum(t.numel() * t.element_size() for t in ring.values())
+    user_bytes = buffer.capacity * sum(t[0].numel() * t.element_size() for t in ring.values())
+    episodes = buffer.num_episodes
+    per_row = table_bytes / table.row_count
+    trees = len(buffer._sampler._trees)
+    return [
+        Row(
+            "memory.lucid.episode",
+            "lucid_replay metadata per stored episode (table + sum trees)",
+            "memory",
+            extra={
+                "bytes_per_episode": (table_bytes + tree_bytes) / episodes,
+                "table_bytes_per_row": per_row,
+                "tree_bytes_per_row": tree_bytes / table.row_count,
+                "trees": trees,
+                "rows_allocated": table.row_count,
+                "episodes": episodes,
+            },
+            note=(
+                f"{(table_bytes + tree_bytes) / episodes:.0f} B/episode: table "
+                f"{per_row:.0f} B/row, {trees} sum tree(s) of 16 B/row; "
+                f"{table.row_count} rows for {episodes} episodes (power-of-two growth)"
+            ),
+        ),
+        Row(
+            "memory.lucid.transition",
+            "lucid_replay bytes per transition beyond the user's data",
+            "memory",
+            extra={"bytes_per_transition": (ring_bytes - user_bytes) / buffer.capacity},
+            note=f"{(ring_bytes - user_bytes) / buffer.capacity:.0f} B/transition",
+        ),
+    ]
+
+
+def scaled_buffer(
+    config: Config, capacity: int, lengths: Callable[[int], int], count: int, source: Dataset
+) -> PrioritizedSequenceReplay:
+    buffer = PrioritizedSequenceReplay(
+        capacity, alpha=config.alpha, beta=config.beta, seed=config.seed
+    )
+    offset = 0
+    for index in range(count):
+        length = lengths(index)
+        steps = cycled_episode(source, offset, length, terminated=bool(index % 2))
+        buffer.add(Episode(steps, terminated=bool(index % 2)))
+        offset += length
+    return buffer
+
+
+def fits(config: Config, transitions: int, copies: float = 1.5) -> bool:
+    per = config.obs_dim * 4 + 8 + 4 + 3
+    return transitions * per * copies < available_bytes()
+
+
+def device_rows(config: Config, dataset: Dataset, device: str) -> list[Row]:
+    """lucid_replay with storage on ``device`` (e.g. CUDA), once; "not measured" without one."""
+    label = f"lucid_replay on {device}: prioritized sample_windows + update_priorities_from"
+    if device == "cpu":
+        return [Row.not_measured("device", label, "run with --device cuda", group="device")]
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return [Row.not_measured("device", label, "no GPU on this machine", group="device")]
+    buffer = build(config, dataset, device=device)
+    window = reference_window(config)
+    errors = window_errors(config).to(device)
+
+    def step() -> None:
+        drawn = buffer.sample_windows(config.batch, window)
+        buffer.update_priorities_from(drawn, errors)
+        torch.cuda.synchronize()
+
+    row = Row.timed(
+        "device",
+        label,
+        measure(step, reps=config.reps, warmup=config.warmup),
+        group="device",
+        note="storage on the device, synchronised per call",
+    )
+    return [row]

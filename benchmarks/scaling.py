@@ -1,0 +1,216 @@
+"""Scaling rows: sample time against stored transitions, sample + update against episodes.
+
+lucid_replay should stay flat (O(B log E) draws, O(B W) gathers); the naive baseline's O(E)
+draw shows the gap. Buffers are filled with episodes cut from the reference data set (their
+contents do not matter to the timings), one size at a time, and freed before the next.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from benchmarks.config import Config
+from benchmarks.data import Dataset, cycled_episode, episode_lengths
+from benchmarks.lucid_rows import fits, reference_window, scaled_buffer, window_errors
+from benchmarks.naive import NaiveSequenceReplay
+from benchmarks.rows import Row, release
+from benchmarks.timing import Timing, measure
+from lucid_replay import PrioritizedSequenceReplay, Window
+
+
+def _label(count: int) -> str:
+    return f"{count / 1e6:g}M" if count >= 1_000_000 else f"{count / 1e3:g}k"
+
+
+def _naive(
+    config: Config, capacity: int, lengths: Callable[[int], int], count: int, source: Dataset
+) -> NaiveSequenceReplay:
+    naive = NaiveSequenceReplay(capacity, alpha=config.alpha, beta=config.beta, seed=config.seed)
+    offset = 0
+    for index in range(count):
+        naive.add(cycled_episode(source, offset, lengths(index), terminated=bool(index % 2)))
+        offset += lengths(index)
+    return naive
+
+
+def _time_floor(config: Config, fields: dict[str, torch.Tensor], size: int) -> Timing:
+    """The gather floor at this size: fresh random windows from the buffer's own storage."""
+    generator = torch.Generator().manual_seed(config.seed + 11)
+    record = torch.arange(config.window_size)
+    indices = [
+        (
+            torch.randint(0, size - config.window_size, (config.batch, 1), generator=generator)
+            + record
+        ).reshape(-1)
+        for _ in range(64)
+    ]
+    calls = itertools.count()
+
+    def gather() -> object:
+        index = indices[next(calls) % len(indices)]
+        return {k: v.index_select(0, index) for k, v in fields.items()}
+
+    return measure(gather, reps=config.reps, warmup=config.warmup)
+
+
+def _time_sample(
+    config: Config, buffer: PrioritizedSequenceReplay, window: Window, prioritized: bool
+) -> Timing:
+    def sample() -> object:
+        return buffer.sample_windows(config.batch, window, prioritized=prioritized)
+
+    return measure(sample, reps=config.reps, warmup=config.warmup)
+
+
+def _time_sample_update(
+    config: Config, buffer: PrioritizedSequenceReplay, window: Window, errors: torch.Tensor
+) -> Timing:
+    def step() -> object:
+        drawn = buffer.sample_windows(config.batch, window)
+        return buffer.update_priorities_from(drawn, errors)
+
+    return measure(step, reps=config.reps, warmup=config.warmup)
+
+
+def _time_naive(
+    config: Config,
+    naive: NaiveSequenceReplay,
+    errors: torch.Tensor | None,
+    allow_partial: bool,
+) -> Timing:
+    def step() -> object:
+        drawn = naive.sample_windows(
+            config.batch,
+            config.burn_in,
+            config.length,
+            config.bootstrap,
+            allow_partial=allow_partial,
+        )
+        return drawn if errors is None else naive.update_priorities_from(drawn, errors)
+
+    return measure(step, reps=config.reps, warmup=config.warmup)
+
+
+def transition_rows(config: Config, source: Dataset, only: Callable[[str], bool]) -> list[Row]:
+    rows: list[Row] = []
+    window = reference_window(config)
+    rng = np.random.default_rng(config.seed + 3)
+    group = "scale_transitions"
+    for size in config.scale_transitions:
+        tag = _label(size)
+        if not fits(config, size, copies=2.0):
+            reason = f"{size} transitions need more memory than this machine has free"
+            for series in ("uniform", "prioritized"):
+                rows.append(
+                    Row.not_measured(
+                        f"scale.T.{tag}.{series}",
+                        f"lucid_replay {series} sample_windows, {tag} transitions",
+                        reason,
+                        group=group,
+                    )
+                )
+            continue
+        lengths = episode_lengths(size, config.min_len, config.max_len, rng)
+        buffer = scaled_buffer(config, size, lengths.__getitem__, len(lengths), source)
+        extra = {"transitions": size, "episodes": buffer.num_episodes}
+        if only("scale.T.floor") or only(f"scale.T.{tag}"):
+            rows.append(
+                Row.timed(
+                    f"scale.T.{tag}.floor",
+                    f"gather floor (index_select from the same ring), {tag} transitions",
+                    _time_floor(config, buffer._ring.fields, size),
+                    group=group,
+                    extra={**extra, "series": "gather floor"},
+                )
+            )
+        for series, prioritized in (("uniform", False), ("prioritized", True)):
+            if only(f"scale.T.{series}") or only(f"scale.T.{tag}"):
+                rows.append(
+                    Row.timed(
+                        f"scale.T.{tag}.{series}",
+                        f"lucid_replay {series} sample_windows, {tag} transitions",
+                        _time_sample(config, buffer, window, prioritized),
+                        group=group,
+                        extra={**extra, "series": f"lucid {series}"},
+                    )
+                )
+        del buffer
+        release()
+        if only("scale.T.naive") and len(lengths) <= config.naive_max_episodes:
+            naive = _naive(config, size, lengths.__getitem__, len(lengths), source)
+            rows.append(
+                Row.timed(
+                    f"scale.T.{tag}.naive",
+                    f"naive prioritized sample, {tag} transitions",
+                    _time_naive(config, naive, None, allow_partial=False),
+                    group=group,
+                    extra={**extra, "series": "naive prioritized"},
+                )
+            )
+            del naive
+            release()
+    return rows
+
+
+def episode_rows(config: Config, source: Dataset, only: Callable[[str], bool]) -> list[Row]:
+    """Sample + update at E episodes of ``episode_total // E`` steps (``allow_partial`` windows).
+
+    ``allow_partial=True`` (every stored step is an anchor, TorchRL's semantics) keeps the same
+    256 x 109 records per batch when episodes are shorter than the learning region.
+    """
+    rows: list[Row] = []
+    window = reference_window(config, allow_partial=True)
+    errors = window_errors(config)
+    group = "scale_episodes"
+    for count in config.scale_episodes:
+        tag = _label(count)
+        length = max(1, config.episode_total // count)
+        capacity = length * count
+        extra = {"episodes": count, "episode_length": length, "transitions": capacity}
+        if only("scale.E.lucid"):
+            buffer = scaled_buffer(config, capacity, lambda _, n=length: n, count, source)
+            timing = _time_sample_update(config, buffer, window, errors)
+            table = buffer._table
+            table_bytes = sum(t.numel() * t.element_size() for t in table.columns.values())
+            rows.append(
+                Row.timed(
+                    f"scale.E.{tag}.lucid",
+                    f"lucid_replay prioritized sample + update, {tag} episodes of {length} steps",
+                    timing,
+                    group=group,
+                    extra={
+                        **extra,
+                        "series": "lucid",
+                        "table_bytes_per_episode": table_bytes / count,
+                    },
+                )
+            )
+            del buffer
+            release()
+        if not only("scale.E.naive"):
+            continue
+        label = f"naive prioritized sample + update, {tag} episodes of {length} steps"
+        if count > config.naive_max_episodes:
+            reason = (
+                f"the naive buffer is only built up to {config.naive_max_episodes} episodes "
+                "(its fill and per-episode Python objects)"
+            )
+            rows.append(Row.not_measured(f"scale.E.{tag}.naive", label, reason, group=group))
+            continue
+        naive = _naive(config, capacity, lambda _, n=length: n, count, source)
+        rows.append(
+            Row.timed(
+                f"scale.E.{tag}.naive",
+                label,
+                _time_naive(config, naive, errors, allow_partial=True),
+                group=group,
+                extra={**extra, "series": "naive"},
+            )
+        )
+        del naive
+        release()
+    return rows
