@@ -137,7 +137,8 @@ class PrioritizedSequenceReplay(SequenceReplay):
         with self._lock:
             anchors = self._draw(batch_size, Window(length), prioritized=True)
             chunks = self._chunks(anchors, length, self._target(device))
-            assert anchors.weights is not None
+            self._reclaim_retired()  # only once the batch no longer needs their rows
+            assert anchors.weights is not None  # a prioritized draw always has weights
             weights = anchors.weights.to(chunks.episode_ids.device)
             return PrioritizedBatch(
                 chunks.data, chunks.episode_ids, chunks.starts, chunks.episode_ids, weights
@@ -167,25 +168,32 @@ class PrioritizedSequenceReplay(SequenceReplay):
             at = int((~finite).nonzero()[0])
             raise must(f"errors[{at}]", "finite", float(values[at]))
         with self._lock:
-            table = self._table
-            issued = (ids >= 0) & (ids < table.next_id)
+            issued = (ids >= 0) & (ids < self._table.next_id)
             if not bool(issued.all()):
                 at = int((~issued).nonzero()[0])
                 raise must(
-                    f"indices[{at}]", f"an issued episode id (< {table.next_id})", int(ids[at])
+                    f"indices[{at}]",
+                    f"an issued episode id (< {self._table.next_id})",
+                    int(ids[at]),
                 )
-            stored = table.is_stored(ids)
-            rows = table.rows_of(ids[stored])
-            if rows.numel() == 0:
-                return 0
-            priorities = values[stored].abs() + self._epsilon
-            unique, inverse = torch.unique(rows, return_inverse=True)
-            reduced = torch.zeros(unique.shape, dtype=torch.float64, device=self._device)
-            reduced.scatter_reduce_(0, inverse, priorities, "amax")
-            table.priority[unique] = reduced
-            self._max_priority = max(self._max_priority, float(reduced.max()))
-            self._sampler.mark_dirty(unique)
-            return int(unique.numel())
+            return self._apply_priorities(ids, values)
+
+    def _apply_priorities(self, ids: torch.Tensor, errors: torch.Tensor) -> int:
+        """Set ``|errors| + epsilon`` for issued ``ids`` (storage device, validated)."""
+        table = self._table
+        stored = table.is_stored(ids)
+        if not bool(stored.all()):  # evicted ids must not touch the rows now reused
+            ids, errors = ids[stored], errors[stored]
+        if ids.numel() == 0:
+            return 0
+        priorities = errors.to(torch.float64).abs() + self._epsilon
+        unique, inverse = torch.unique(table.rows_of(ids), return_inverse=True)
+        reduced = torch.zeros(unique.shape, dtype=torch.float64, device=self._device)
+        reduced.scatter_reduce_(0, inverse, priorities, "amax")
+        table.priority[unique] = reduced
+        self._max_priority = max(self._max_priority, float(reduced.max()))
+        self._sampler.mark_priorities_dirty(unique)
+        return int(unique.numel())
 
     def update_priorities_from(self, batch: WindowBatch, errors: Any, *, eta: float = 0.9) -> int:
         r"""Route per-record (``[B, W]``) or per-window (``[B]``) errors to episode priorities.
@@ -201,22 +209,29 @@ class PrioritizedSequenceReplay(SequenceReplay):
             raise must("eta", "in [0, 1]", eta)
         if not isinstance(batch, WindowBatch):
             raise TypeError(f"batch must be a WindowBatch, got {type(batch).__name__}")
-        values = _as_tensor("errors", errors).to(device=self._device, dtype=torch.float64)
+        masks_device = batch.validity_mask.device
+        values = _as_tensor("errors", errors).to(masks_device)
+        if not values.is_floating_point():
+            values = values.to(torch.float64)
         shape = tuple(batch.validity_mask.shape)
         if tuple(values.shape) == shape[:1]:
             return self.update_priorities(batch.episode_ids, values)
         if tuple(values.shape) != shape:
             raise must("errors", f"of shape {shape} or {shape[:1]}", tuple(values.shape))
+        # Reduced where the batch lives (a learner's GPU); only [B] values travel.
         own_episode = batch.record_episode_ids == batch.episode_ids.unsqueeze(1)
-        counted = (batch.learning_mask & batch.validity_mask & own_episode).to(self._device)
-        if not bool(torch.isfinite(values[counted]).all()):
-            raise must("errors", "finite on valid learning records", "a NaN or infinite value")
-        magnitudes = torch.where(counted, values.abs(), torch.zeros_like(values))
+        counted = batch.learning_mask & batch.validity_mask & own_episode
+        magnitudes = torch.where(counted, values.abs(), 0.0)
         records = counted.sum(dim=1)
         mixed = eta * magnitudes.amax(dim=1) + (1 - eta) * magnitudes.sum(1) / records.clamp_min(1)
-        has_records = records > 0
-        ids = batch.episode_ids.to(self._device)
-        return self.update_priorities(ids[has_records], mixed[has_records])
+        # A NaN or inf on a counted record reaches the max and the sum; others were masked.
+        if not bool(torch.isfinite(mixed).all()):
+            raise must("errors", "finite on valid learning records", "a NaN or infinite value")
+        ids = batch.episode_ids
+        if not bool(records.all()):  # windows without a counted record carry no signal
+            ids, mixed = ids[records > 0], mixed[records > 0]
+        with self._lock:
+            return self._apply_priorities(ids.to(self._device), mixed.to(self._device))
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
         """Set ``beta = beta0 + fraction * (final - beta0)``, ``beta0`` the constructor's value.

@@ -292,12 +292,14 @@ class SequenceReplay:
         check_int("length", length, minimum=1)
         with self._lock:
             anchors = self._draw(batch_size, Window(length), prioritized=False)
-            return self._chunks(anchors, length, self._target(device))
+            batch = self._chunks(anchors, length, self._target(device))
+            self._reclaim_retired()  # only once the batch no longer needs their rows
+            return batch
 
     def _chunks(self, anchors: Anchors, length: int, target: torch.device) -> Batch:
         first = self._table.start[anchors.rows] + anchors.steps
-        steps = torch.arange(length, device=self._device)
-        positions = (first.unsqueeze(1) + steps) % self._capacity
+        record = windows.layout(Window(length), self._device).record
+        positions = self._ring.slots(first.unsqueeze(1) + record, self._table.oldest_offset)
         return Batch(
             gather(self._ring, positions, target),
             anchors.episode_ids.to(target),
@@ -328,7 +330,9 @@ class SequenceReplay:
             raise must(f"prioritized on a {type(self).__name__}", "False or None", prioritized)
         with self._lock:
             anchors = self._draw(batch_size, window, prioritized=bool(prioritized))
-            return self._windows(anchors, window, self._target(device))
+            batch = self._windows(anchors, window, self._target(device))
+            self._reclaim_retired()  # only once the batch no longer needs their rows
+            return batch
 
     def gather_windows(
         self,
@@ -371,16 +375,17 @@ class SequenceReplay:
     def _windows(self, anchors: Anchors, window: Window, target: torch.device) -> WindowBatch:
         records = windows.expand(self._table, anchors.episode_ids, anchors.steps, window)
         shape = records.valid.shape
-        in_sequence = torch.arange(window.size, device=target).expand(shape)
+        slots = self._ring.slots(records.offsets, self._table.oldest_offset)
+        per_record = windows.layout(window, target)
         return WindowBatch(
-            data=gather(self._ring, records.offsets % self._capacity, target),
-            learning_mask=window.learning_mask.to(target).expand(shape),
+            data=gather(self._ring, slots, target),
+            learning_mask=per_record.learning_mask.expand(shape),
             validity_mask=records.valid.to(target),
             is_init=records.is_init.to(target),
             terminal=records.terminal.to(target),
             record_episode_ids=records.episode_ids.to(target),
             record_steps=records.steps.to(target),
-            step_in_sequence=in_sequence,
+            step_in_sequence=per_record.record.expand(shape),
             episode_ids=anchors.episode_ids.to(target),
             anchor_steps=anchors.steps.to(target),
             weights=None if anchors.weights is None else anchors.weights.to(target),
@@ -408,7 +413,6 @@ class SequenceReplay:
             generator=self._generator,
         )
         self._counts["chunks_sampled"] += batch_size
-        self._reclaim_retired()
         return anchors
 
     def _beta_now(self) -> float:

@@ -64,8 +64,11 @@ class AnchorSampler:
         self.alpha = 0.0
         self.episodes_retired = torch.zeros((), dtype=torch.int64, device=table.device)
         self._trees: OrderedDict[tuple[int, bool], torch.Tensor] = OrderedDict()
+        # Rows whose leaves are stale in every tree (add, evict, retire) and rows whose
+        # priority alone changed (stale only in prioritized trees).
         self._dirty_rows: list[int] = []
         self._dirty_tensors: list[torch.Tensor] = []
+        self._dirty_priorities: list[torch.Tensor] = []
         self._generation = table.generation
 
     # ------------------------------------------------------------------------ the cache
@@ -76,11 +79,16 @@ class AnchorSampler:
         else:
             self._dirty_tensors.append(rows.reshape(-1))
 
+    def mark_priorities_dirty(self, rows: torch.Tensor) -> None:
+        """Note that only the priorities of ``rows`` changed (uniform trees stay exact)."""
+        self._dirty_priorities.append(rows.reshape(-1))
+
     def invalidate(self) -> None:
         """Forget every tree (after the table was reshaped or reloaded)."""
         self._trees.clear()
         self._dirty_rows.clear()
         self._dirty_tensors.clear()
+        self._dirty_priorities.clear()
         self._generation = self.table.generation
 
     def leaf_values(self, rows: torch.Tensor, span: int, prioritized: bool) -> torch.Tensor:
@@ -110,21 +118,28 @@ class AnchorSampler:
         return self._trees[key]
 
     def _flush(self) -> None:
-        if not (self._dirty_rows or self._dirty_tensors):
-            return
         device = self.table.device
-        parts = [*self._dirty_tensors]
+        structural = [*self._dirty_tensors]
         if self._dirty_rows:
-            parts.append(torch.tensor(self._dirty_rows, dtype=torch.int64, device=device))
+            structural.append(torch.tensor(self._dirty_rows, dtype=torch.int64, device=device))
+        if not (structural or self._dirty_priorities):
+            return
+        stale = {
+            False: _unique(structural),
+            True: _unique([*structural, *self._dirty_priorities]),
+        }
         self._dirty_rows.clear()
         self._dirty_tensors.clear()
-        rows = torch.unique(torch.cat(parts))
+        self._dirty_priorities.clear()
         for (span, prioritized), tree in self._trees.items():
+            rows = stale[prioritized]
+            if rows is None:
+                continue
             if rows.numel() * 8 > self.table.row_count:  # a rebuild is cheaper than many updates
                 every = torch.arange(self.table.row_count, device=device)
                 tree.copy_(sum_tree.build(self.leaf_values(every, span, prioritized)))
             else:
-                sum_tree.set_leaves(tree, rows, self.leaf_values(rows, span, prioritized))
+                sum_tree.assign_leaves(tree, rows, self.leaf_values(rows, span, prioritized))
 
     # ------------------------------------------------------------------------- drawing
     def mass(self, span: int, prioritized: bool) -> float:
@@ -153,10 +168,12 @@ class AnchorSampler:
         else:
             rows, steps = self._draw_within_limit(tree, batch_size, span, generator)
         table = self.table
-        before = table.times_sampled[rows]
-        table.times_sampled.index_add_(0, rows, torch.ones_like(rows))
-        if self.reuse_limit is not None:
+        if self.reuse_limit is None:
+            table.times_sampled.index_add_(0, rows, torch.ones_like(rows))
+        else:
             limit = self.reuse_limit
+            before = table.times_sampled[rows]
+            table.times_sampled.index_add_(0, rows, torch.ones_like(rows))
             after = table.times_sampled[rows]
             retired_now = (before < limit) & (after >= limit) & _first_occurrence(rows)
             self.episodes_retired += retired_now.sum()
@@ -214,7 +231,7 @@ class AnchorSampler:
                 rows = torch.cat([rows, new_rows[keep]])
                 steps = torch.cat([steps, new_steps[keep]])
                 used_up = torch.unique(every[rank + 1 == allowance])
-                sum_tree.set_leaves(tree, used_up, torch.zeros_like(used_up, dtype=tree.dtype))
+                sum_tree.assign_leaves(tree, used_up, torch.zeros_like(used_up, dtype=tree.dtype))
                 exhausted.append(used_up)
         finally:
             for used_up in exhausted:  # temporary zeros; leaves are recomputed from the table
@@ -229,6 +246,11 @@ class AnchorSampler:
         eligible = eligible_anchors(table.length[rows], span) > 0
         left = (self.reuse_limit - table.times_sampled[rows]).clamp_min(0)
         return int((left * eligible).sum())
+
+
+def _unique(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """Sorted unique rows of ``parts``, or None when there are none."""
+    return torch.unique(torch.cat(parts)) if parts else None
 
 
 def _occurrence_rank(values: torch.Tensor) -> torch.Tensor:

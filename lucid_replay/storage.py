@@ -53,6 +53,19 @@ class TransitionRing:
                 store[begin:].copy_(values[:first])
                 store[: length - first].copy_(values[first:])
 
+    def slots(self, offsets: torch.Tensor, oldest_offset: int) -> torch.Tensor:
+        """Ring slots of stored global ``offsets`` (all in ``[oldest_offset, oldest + capacity)``).
+
+        ``offset % capacity`` without an integer division: offsets relative to the ring lap of
+        the oldest stored transition lie in ``[0, 2 capacity)``, so one conditional subtraction
+        wraps them.
+        """
+        relative = offsets - (oldest_offset - oldest_offset % self.capacity)
+        wraps = relative >= self.capacity
+        if bool(wraps.any()):  # most batches read no record past the seam
+            relative -= wraps * self.capacity
+        return relative
+
     def read(self, offset: int, length: int) -> dict[str, torch.Tensor]:
         """Return a copy of the ``length`` transitions starting at global ``offset``."""
         positions = torch.arange(offset, offset + length, device=self.device) % self.capacity

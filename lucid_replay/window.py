@@ -8,8 +8,9 @@ lengths, and `EpisodeTable.locate` across episodes); this module only applies th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import attrs
 import torch
@@ -114,12 +115,31 @@ class Window:
 class Records:
     """Where each record of ``B`` windows of ``W`` records lands (all ``[B, W]``)."""
 
-    offsets: torch.Tensor  # global transition offsets (ring slot = offset % capacity)
+    offsets: torch.Tensor  # global transition offsets (see `TransitionRing.slots`)
     episode_ids: torch.Tensor
     steps: torch.Tensor
     valid: torch.Tensor
     is_init: torch.Tensor
     terminal: torch.Tensor
+
+
+class Layout(NamedTuple):
+    """Per-record constants of a window, ``[W]`` each."""
+
+    record: torch.Tensor  # 0 .. W-1
+    step_offset: torch.Tensor  # (record - burn_in) * dilation: the step relative to the anchor
+    learning_mask: torch.Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def layout(window: Window, device: torch.device) -> Layout:
+    """The `Layout` of ``window`` on ``device``.
+
+    Cached: windows are frozen and a training loop reuses a handful of them.
+    """
+    record = torch.arange(window.size, device=device)
+    step_offset = (record - window.burn_in) * window.dilation
+    return Layout(record, step_offset, window.learning_mask.to(device))
 
 
 def expand(
@@ -131,34 +151,53 @@ def expand(
     records that ``include_reset`` sends into other episodes.
     """
     rows = table.rows_of(episode_ids)
-    lengths = table.length[rows].unsqueeze(1)
+    last = (table.length[rows] - 1).unsqueeze(1)
     starts = table.start[rows].unsqueeze(1)
     anchor = anchors.unsqueeze(1)
-    record = torch.arange(window.size, device=anchors.device)
+    record, step_offset, _ = layout(window, anchors.device)
     if window.boundary == "stop":
         to_last_record = window.dilation * (window.length + window.bootstrap - 1)
-        overrun = to_last_record - (lengths - 1 - anchor)
-        anchor = anchor - torch.minimum(overrun.clamp_min(0), anchor)
-    target = anchor + (record - window.burn_in) * window.dilation
-    inside = (target >= 0) & (target < lengths)
+        overrun = (to_last_record - (last - anchor)).clamp_min(0)
+        anchor = anchor - torch.minimum(overrun, anchor)
+    target = anchor + step_offset
     if window.boundary == "include_reset":
-        offsets = (starts + target).clamp(table.oldest_offset, table.next_offset - 1)
-        valid = (starts + target >= table.oldest_offset) & (starts + target < table.next_offset)
-        record_ids = episode_ids.unsqueeze(1).expand_as(target).clone()
-        steps = target.clone()
-        elsewhere = ~inside
-        if bool(elsewhere.any()):
-            record_ids[elsewhere], steps[elsewhere] = table.locate(offsets[elsewhere])
-        record_rows = table.rows_of(record_ids)
-        record_lengths = table.length[record_rows]
-    else:
-        steps = torch.minimum(target.clamp_min(0), lengths - 1)
-        offsets = starts + steps
-        valid = inside
-        record_ids = episode_ids.unsqueeze(1).expand_as(target)
-        record_rows = rows.unsqueeze(1).expand_as(target)
-        record_lengths = lengths.expand_as(target)
+        return _across_episodes(table, episode_ids, starts, last, target)
+    steps = torch.minimum(target.clamp_min(0), last)
+    valid = steps == target  # nothing was clamped
+    # Records of one episode are valid on one contiguous run, which starts at the first record
+    # with a non-negative target, k >= burn_in - t // dilation; that record is the only one
+    # that is first or at step 0.
+    first_valid = window.burn_in - torch.div(anchor, window.dilation, rounding_mode="floor")
+    first_valid = first_valid.clamp_min(0)
+    terminal = table.terminated[rows].unsqueeze(1) & (steps == last)
+    return Records(
+        offsets=starts + steps,
+        episode_ids=episode_ids.unsqueeze(1).expand_as(target),
+        steps=steps,
+        valid=valid,
+        is_init=record == first_valid,
+        terminal=terminal,
+    )
+
+
+def _across_episodes(
+    table: EpisodeTable,
+    episode_ids: torch.Tensor,
+    starts: torch.Tensor,
+    last: torch.Tensor,
+    target: torch.Tensor,
+) -> Records:
+    """``include_reset``: records continue into the neighbouring stored episodes."""
+    wanted = starts + target
+    offsets = wanted.clamp(table.oldest_offset, table.next_offset - 1)
+    valid = offsets == wanted
+    record_ids = episode_ids.unsqueeze(1).expand_as(target).clone()
+    steps = target.clone()
+    elsewhere = (target < 0) | (target > last)
+    if bool(elsewhere.any()):
+        record_ids[elsewhere], steps[elsewhere] = table.locate(offsets[elsewhere])
+    record_rows = table.rows_of(record_ids)
     first_valid = valid & (valid.cumsum(dim=1) == 1)
     is_init = first_valid | (valid & (steps == 0))
-    terminal = table.terminated[record_rows] & (steps == record_lengths - 1)
+    terminal = table.terminated[record_rows] & (steps == table.length[record_rows] - 1)
     return Records(offsets, record_ids, steps, valid, is_init, terminal)
