@@ -8,9 +8,8 @@ from typing import Any, ClassVar
 import torch
 
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
-from lucid_replay.errors import CheckpointError, check_float, check_int, must
+from lucid_replay.errors import CheckpointError, check_float, must
 from lucid_replay.replay import SequenceReplay, _as_tensor, _as_vector
-from lucid_replay.window import Window
 
 __all__ = ["PrioritizedSequenceReplay"]
 
@@ -132,17 +131,12 @@ class PrioritizedSequenceReplay(SequenceReplay):
         and ``weights`` (float32 ``[B]``, largest 1). O(B log E + B length). Raises as
         `SequenceReplay.sample`.
         """
-        check_int("batch_size", batch_size, minimum=1)
-        check_int("length", length, minimum=1)
-        with self._lock:
-            anchors = self._draw(batch_size, Window(length), prioritized=True)
-            chunks = self._chunks(anchors, length, self._target(device))
-            self._reclaim_retired()  # only once the batch no longer needs their rows
-            assert anchors.weights is not None  # a prioritized draw always has weights
-            weights = anchors.weights.to(chunks.episode_ids.device)
-            return PrioritizedBatch(
-                chunks.data, chunks.episode_ids, chunks.starts, chunks.episode_ids, weights
-            )
+        chunks, anchors = self._sample_chunks(batch_size, length, device, prioritized=True)
+        assert anchors.weights is not None  # a prioritized draw always has weights
+        weights = anchors.weights.to(chunks.episode_ids.device)
+        return PrioritizedBatch(
+            chunks.data, chunks.episode_ids, chunks.starts, chunks.episode_ids, weights
+        )
 
     # ------------------------------------------------------------------------ priorities
     def update_priorities(self, indices: Any, errors: Any) -> int:

@@ -288,13 +288,23 @@ class SequenceReplay:
         ReuseLimitError
             If the reuse limit leaves fewer than ``batch_size`` draws (nothing is drawn).
         """
+        return self._sample_chunks(batch_size, length, device, prioritized=False)[0]
+
+    def _sample_chunks(
+        self,
+        batch_size: int,
+        length: int,
+        device: torch.device | str | None,
+        *,
+        prioritized: bool,
+    ) -> tuple[Batch, Anchors]:
         check_int("batch_size", batch_size, minimum=1)
         check_int("length", length, minimum=1)
         with self._lock:
-            anchors = self._draw(batch_size, Window(length), prioritized=False)
+            anchors = self._draw(batch_size, Window(length), prioritized=prioritized)
             batch = self._chunks(anchors, length, self._target(device))
             self._reclaim_retired()  # only once the batch no longer needs their rows
-            return batch
+            return batch, anchors
 
     def _chunks(self, anchors: Anchors, length: int, target: torch.device) -> Batch:
         first = self._table.start[anchors.rows] + anchors.steps
