@@ -11,7 +11,7 @@
 VENV        ?= .venv
 PYTHON      ?= python3
 TORCH       ?= torch==2.13.0
-DEMO        ?= examples/quickstart.py
+DEMO        ?= examples/r2d2_cartpole.py
 VENV_BENCH  ?= .venv-bench
 TORCH_BENCH ?= torch==2.14.1
 SITE_DIR    ?= site

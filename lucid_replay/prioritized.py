@@ -189,7 +189,9 @@ class PrioritizedSequenceReplay(SequenceReplay):
         self._sampler.mark_priorities_dirty(unique)
         return int(unique.numel())
 
-    def update_priorities_from(self, batch: WindowBatch, errors: Any, *, eta: float = 0.9) -> int:
+    def update_priorities_from(
+        self, batch: WindowBatch, errors: Any, *, eta: float = 0.9, mask: Any = None
+    ) -> int:
         r"""Route per-record (``[B, W]``) or per-window (``[B]``) errors to episode priorities.
 
         Per window, over records that are in the learning region, valid, and in the anchor's
@@ -197,6 +199,10 @@ class PrioritizedSequenceReplay(SequenceReplay):
         $\eta \max_k |\delta_k| + (1 - \eta)\,\mathrm{mean}_k |\delta_k|$ (non-finite
         values outside those records are ignored); ``[B]`` errors are used as they are. Then
         `update_priorities` (duplicates take the max). Returns the number of episodes applied.
+
+        ``mask`` (bool ``[B, W]``, optional) narrows the counted records further, for records
+        that have no TD error (for example a step with nothing after it to bootstrap from). A
+        window left with no counted record keeps its episode's priority.
         """
         eta = check_float("eta", eta, minimum=0.0)
         if eta > 1:
@@ -215,6 +221,13 @@ class PrioritizedSequenceReplay(SequenceReplay):
         # Reduced where the batch lives (a learner's GPU); only [B] values travel.
         own_episode = batch.record_episode_ids == batch.episode_ids.unsqueeze(1)
         counted = batch.learning_mask & batch.validity_mask & own_episode
+        if mask is not None:
+            extra = _as_tensor("mask", mask).to(masks_device)
+            if extra.dtype != torch.bool or tuple(extra.shape) != shape:
+                raise must(
+                    "mask", f"a bool tensor of shape {shape}", f"{extra.dtype} {tuple(extra.shape)}"
+                )
+            counted = counted & extra
         magnitudes = torch.where(counted, values.abs(), 0.0)
         records = counted.sum(dim=1)
         mixed = eta * magnitudes.amax(dim=1) + (1 - eta) * magnitudes.sum(1) / records.clamp_min(1)

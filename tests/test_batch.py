@@ -619,3 +619,18 @@ def test_cuda_storage_end_to_end():
         assert next(batches)["serial"].is_cuda
     finally:
         batches.close()
+
+
+def test_update_priorities_from_mask_narrows_the_counted_records():
+    """mask= leaves out records without a TD error; a window left with none keeps its priority."""
+    buffer = PrioritizedSequenceReplay(capacity=100, alpha=1.0, seed=0)
+    first, second = buffer.add(make_episode(6)), buffer.add(make_episode(6))
+    batch = buffer.gather_windows([first, second], [0, 0], Window(3))
+    errors = torch.tensor([[1.0, 2.0, 8.0], [5.0, 5.0, 5.0]])
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    applied = buffer.update_priorities_from(batch, errors, eta=0.5, mask=mask)
+    assert applied == 1
+    expected = 0.5 * 2.0 + 0.5 * 1.5 + buffer.epsilon
+    assert buffer.priorities.tolist() == pytest.approx([expected, 1.0])
+    with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \(2, 3\)"):
+        buffer.update_priorities_from(batch, errors, mask=torch.ones(2, 3))

@@ -1,0 +1,476 @@
+"""R2D2 on partially observable CartPole, with lucid_replay as the replay.
+
+The agent sees only the cart position and the pole angle; the velocities are hidden, so a
+feed-forward policy cannot balance the pole and an LSTM has to infer them from history.
+The recipe follows R2D2 (Kapturowski et al., 2019), scaled down to run on a laptop CPU:
+
+* actors step several environments in lock-step and store, per step, the observation, the
+  previous and the chosen action, the reward and the LSTM state (h, c) they *entered* that step
+  with;
+* each finished episode goes into a ``PrioritizedSequenceReplay`` whole, with
+  ``terminated=True`` only when the pole fell (not at the 500-step time limit);
+* the learner samples windows ``[burn-in | learning region | n bootstrap records]``, starts the
+  LSTM from the stored state, warms it up over the burn-in without gradients, and regresses
+  n-step double-Q targets computed with a target network;
+* per-record TD errors become per-episode priorities (``eta * max + (1 - eta) * mean``), the
+  importance weights correct for the prioritized draw, and beta is annealed to 1 over training;
+* the LSTM states the learner recomputes are written back into the replay, so later windows
+  start from fresher stored states.
+
+Each episode is stored with one extra record at the end: the observation the environment
+returned after the last action (action 0, reward 0). It is what truncated episodes bootstrap
+from; for a terminated episode the replay flags it ``terminal`` and its value counts as zero.
+
+Run ``python examples/r2d2_cartpole.py --help`` for the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import matplotlib
+
+matplotlib.use("Agg")  # headless: the figure only goes to a file
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from lucid_replay import Episode, PrioritizedSequenceReplay, Window, WindowBatch
+
+
+def setting(default: Any, help: str) -> Any:
+    """A dataclass field whose help text doubles as the ``--help`` line."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class Args:
+    seed: int = setting(0, "seed for torch, numpy, the environments and the replay")
+    total_steps: int = setting(60_000, "environment steps to collect, over all environments")
+    num_envs: int = setting(8, "environments stepped in lock-step by the actor")
+    device: str = setting("cpu", "torch device for the networks and sampled batches")
+    threads: int = setting(1, "torch CPU threads (small LSTMs run fastest on one)")
+    # Network.
+    hidden: int = setting(64, "width of the encoder and of the LSTM")
+    # Replay and windows.
+    capacity: int = setting(100_000, "replay capacity in stored steps")
+    alpha: float = setting(0.6, "priority exponent")
+    beta: float = setting(0.4, "initial importance-sampling exponent, annealed to 1")
+    eta: float = setting(0.9, "episode priority = eta * max|td| + (1 - eta) * mean|td|")
+    burn_in: int = setting(8, "records replayed without gradients to warm up the LSTM state")
+    learn_length: int = setting(16, "records per window that receive a loss")
+    n_step: int = setting(3, "n of the n-step return; also the window's bootstrap records")
+    write_back: bool = setting(True, "store the learner's refreshed LSTM states in the replay")
+    # Learning.
+    batch_size: int = setting(32, "windows per gradient step")
+    lr: float = setting(1e-3, "Adam learning rate")
+    anneal_lr: bool = setting(True, "decay the learning rate linearly to 0 over training")
+    gamma: float = setting(0.99, "discount factor")
+    learning_starts: int = setting(
+        2_000, "steps collected before the first update (capped at a quarter of total_steps)"
+    )
+    steps_per_update: int = setting(8, "environment steps collected per gradient step")
+    target_period: int = setting(200, "gradient steps between target network copies")
+    max_grad_norm: float = setting(10.0, "gradient norm clip")
+    eps_start: float = setting(1.0, "initial epsilon of the epsilon-greedy actor")
+    eps_end: float = setting(0.05, "final epsilon")
+    eps_fraction: float = setting(0.3, "fraction of total_steps over which epsilon decays")
+    # Evaluation and output.
+    eval_episodes: int = setting(20, "greedy episodes for the final evaluation")
+    plot_path: str = setting("r2d2_cartpole.png", "where to write the learning-curve figure")
+
+
+def parse_args() -> Args:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for f in dataclasses.fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        options: dict[str, Any] = {"default": f.default, "help": f.metadata["help"]}
+        # The annotations are strings (postponed evaluation); the default's type is the real one.
+        if isinstance(f.default, bool):
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options["type"] = type(f.default)
+        parser.add_argument(flag, **options)
+    return Args(**vars(parser.parse_args()))
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+class HideVelocities(gym.ObservationWrapper):
+    """Keep cart position and pole angle; drop both velocities so the task needs memory.
+
+    Both are divided by their termination thresholds (2.4 m, 12 degrees): the angle is ~0.2 rad
+    at most, and the network has to read velocities from its step-to-step differences.
+    """
+
+    KEEP = np.array([0, 2])
+    SCALE = np.array([2.4, 12 * 2 * np.pi / 360], dtype=np.float32)
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (len(self.KEEP),), np.float32)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return (observation[self.KEEP] / self.SCALE).astype(np.float32)
+
+
+def make_envs(n: int, seed: int) -> list[gym.Env]:
+    envs = [HideVelocities(gym.make("CartPole-v1")) for _ in range(n)]
+    for i, env in enumerate(envs):
+        env.action_space.seed(seed + i)
+    return envs
+
+
+# ----------------------------------------------------------------------------- network
+
+State = tuple[torch.Tensor, torch.Tensor]
+
+
+class RecurrentQNetwork(nn.Module):
+    """Encoder, LSTM cell and Q head. Like R2D2, the LSTM also sees the previous action: the
+    push direction is what changes the hidden velocities."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int) -> None:
+        super().__init__()
+        self.hidden, self.n_actions = hidden, n_actions
+        self.encoder = nn.Sequential(nn.Linear(obs_dim + n_actions, hidden), nn.ReLU())
+        self.lstm = nn.LSTMCell(hidden, hidden)
+        self.head = nn.Sequential(
+            nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_actions)
+        )
+
+    def initial_state(self, batch: int, device: torch.device) -> State:
+        zeros = torch.zeros(batch, self.hidden, device=device)
+        return zeros, zeros.clone()
+
+    def encode(self, obs: torch.Tensor, prev_action: torch.Tensor) -> torch.Tensor:
+        # prev_action -1 (episode start) becomes an all-zero one-hot.
+        one_hot = F.one_hot(prev_action + 1, self.n_actions + 1)[..., 1:].to(obs.dtype)
+        return self.encoder(torch.cat([obs, one_hot], dim=-1))
+
+    def step(
+        self, obs: torch.Tensor, prev_action: torch.Tensor, state: State
+    ) -> tuple[torch.Tensor, State]:
+        h, c = self.lstm(self.encode(obs, prev_action), state)
+        return self.head(h), (h, c)
+
+    def unroll(self, batch: WindowBatch, burn_in: int) -> tuple[torch.Tensor, State]:
+        """Q-values ``[B, W, A]`` and the LSTM states entering each record ``[B, W, H]``.
+
+        The state is reset to the stored one wherever ``is_init`` is set: at the first valid
+        record (the window may start before its episode) and at episode starts. The first
+        ``burn_in`` records run without gradients, as in R2D2.
+        """
+        stored = batch["h"], batch["c"]
+        h, c = stored[0][:, 0], stored[1][:, 0]
+        xs = self.encode(batch["obs"], batch["prev_action"])
+        outputs, entering_h, entering_c = [], [], []
+        for k in range(batch.window_size):
+            with torch.set_grad_enabled(torch.is_grad_enabled() and k >= burn_in):
+                reset = batch.is_init[:, k, None]
+                h = torch.where(reset, stored[0][:, k], h)
+                c = torch.where(reset, stored[1][:, k], c)
+                entering_h.append(h)
+                entering_c.append(c)
+                h, c = self.lstm(xs[:, k], (h, c))
+                outputs.append(h)
+        q = self.head(torch.stack(outputs, dim=1))
+        return q, (torch.stack(entering_h, dim=1), torch.stack(entering_c, dim=1))
+
+
+# ----------------------------------------------------------------------------- acting
+
+
+class Actor:
+    """Steps ``num_envs`` environments with one batched network call and emits whole episodes."""
+
+    def __init__(self, envs: list[gym.Env], net: RecurrentQNetwork, seed: int) -> None:
+        self.envs, self.net = envs, net
+        self.device = next(net.parameters()).device
+        self.rng = np.random.default_rng(seed)
+        self.obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+        self.prev_action = np.full(len(envs), -1)
+        self.state = net.initial_state(len(envs), self.device)
+        self.trajectories: list[dict[str, list]] = [self._empty() for _ in envs]
+
+    @staticmethod
+    def _empty() -> dict[str, list]:
+        return {"obs": [], "prev_action": [], "action": [], "reward": [], "h": [], "c": []}
+
+    @torch.no_grad()
+    def step(self, epsilon: float) -> list[tuple[Episode, float]]:
+        """One step in every environment; returns the episodes that ended, with their returns."""
+        obs = torch.as_tensor(self.obs, device=self.device)
+        prev_action = torch.as_tensor(self.prev_action, device=self.device)
+        h_in, c_in = (s.cpu().numpy() for s in self.state)
+        q, self.state = self.net.step(obs, prev_action, self.state)
+        actions = q.argmax(dim=1).cpu().numpy()
+        explore = self.rng.random(len(self.envs)) < epsilon
+        actions[explore] = self.rng.integers(0, q.shape[1], explore.sum())
+        finished = []
+        for i, env in enumerate(self.envs):
+            next_obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
+            self._record(i, self.obs[i], self.prev_action[i], actions[i], reward, h_in[i], c_in[i])
+            self.prev_action[i] = actions[i]
+            if terminated or truncated:
+                finished.append(self._finish(i, next_obs, terminated))
+                next_obs, _ = env.reset()
+            self.obs[i] = next_obs
+        return finished
+
+    def _record(self, i: int, *values: Any) -> None:
+        for name, value in zip(self.trajectories[i], values, strict=True):
+            # Copies: the actor's arrays are overwritten in place on the next step.
+            self.trajectories[i][name].append(np.array(value))
+
+    def _finish(self, i: int, final_obs: np.ndarray, terminated: bool) -> tuple[Episode, float]:
+        # The extra record carries the final observation and the state that enters it, so the
+        # learner can bootstrap from it after a truncation.
+        h, c = (s[i].cpu().numpy() for s in self.state)
+        self._record(i, final_obs, self.prev_action[i], 0, 0.0, h, c)
+        trajectory = {name: np.stack(values) for name, values in self.trajectories[i].items()}
+        episode = Episode(
+            {
+                "obs": trajectory["obs"].astype(np.float32),
+                "prev_action": trajectory["prev_action"].astype(np.int64),
+                "action": trajectory["action"].astype(np.int64),
+                "reward": trajectory["reward"].astype(np.float32),
+                "h": trajectory["h"],
+                "c": trajectory["c"],
+            },
+            terminated=terminated,
+        )
+        self.trajectories[i] = self._empty()
+        self.prev_action[i] = -1
+        self.state[0][i] = 0.0  # the next episode starts from a fresh LSTM state
+        self.state[1][i] = 0.0
+        return episode, float(trajectory["reward"].sum())
+
+
+# ----------------------------------------------------------------------------- learning
+
+
+def n_step_targets(
+    batch: WindowBatch, q_next: torch.Tensor, first: int, length: int, n: int, gamma: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """n-step double-Q targets for the learning records ``first .. first + length - 1``.
+
+    ``q_next[b, k]`` is the target network's value of the online network's greedy action at
+    record k. A learning record k sums the rewards of the transitions that exist after it (a
+    record has a transition iff the next record is valid) and bootstraps from the last valid
+    record within k+1..k+n, unless that record is the terminal step of a terminated episode.
+    Also returns which learning records own a transition: the extra final record does not.
+    """
+    valid = batch.validity_mask
+    reward = batch["reward"]
+    alive = torch.ones_like(valid[:, first : first + length])
+    returns = torch.zeros_like(reward[:, first : first + length])
+    steps = torch.zeros_like(alive, dtype=torch.long)
+    for i in range(n):
+        alive = alive & valid[:, first + i + 1 : first + i + 1 + length]
+        returns = returns + gamma**i * alive * reward[:, first + i : first + i + length]
+        steps = steps + alive
+    at = torch.arange(first, first + length, device=steps.device) + steps
+    bootstrap = q_next.gather(1, at) * ~batch.terminal.gather(1, at)
+    return returns + gamma**steps * bootstrap, steps > 0
+
+
+class Learner:
+    """Double-Q learner with a periodically copied target network."""
+
+    def __init__(self, net: RecurrentQNetwork, args: Args) -> None:
+        self.net, self.args = net, args
+        self.target = copy.deepcopy(net).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(net.parameters(), lr=args.lr)
+        self.updates = 0
+
+    def update(self, buffer: PrioritizedSequenceReplay, window: Window, fraction: float) -> float:
+        args = self.args
+        if args.anneal_lr:  # Q-learning on CartPole oscillates; a shrinking step settles it
+            self.optimizer.param_groups[0]["lr"] = args.lr * (1 - fraction)
+        batch = buffer.sample_windows(args.batch_size, window, device=args.device)
+        q, entering = self.net.unroll(batch, args.burn_in)
+        with torch.no_grad():
+            q_target, _ = self.target.unroll(batch, args.burn_in)
+            greedy = q.argmax(dim=2, keepdim=True)
+            q_next = q_target.gather(2, greedy).squeeze(2)
+        learn = slice(args.burn_in, args.burn_in + args.learn_length)
+        targets, has_transition = n_step_targets(
+            batch, q_next, args.burn_in, args.learn_length, args.n_step, args.gamma
+        )
+        q_taken = q[:, learn].gather(2, batch["action"][:, learn, None]).squeeze(2)
+        mask = (batch.learning_mask & batch.validity_mask)[:, learn] & has_transition
+        td = torch.where(mask, targets - q_taken, torch.zeros_like(q_taken))
+        loss = batch.weights[:, None] * F.smooth_l1_loss(q_taken, targets, reduction="none")
+        loss = (loss * mask).sum() / mask.sum().clamp(min=1)
+
+        self.optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.net.parameters(), args.max_grad_norm)
+        self.optimizer.step()
+
+        errors = torch.zeros_like(q[..., 0])
+        errors[:, learn] = td.detach().abs()
+        buffer.update_priorities_from(batch, errors, eta=args.eta)
+        if args.write_back:
+            buffer.write_back(batch, "h", entering[0].detach())
+            buffer.write_back(batch, "c", entering[1].detach())
+        self.updates += 1
+        if self.updates % args.target_period == 0:
+            self.target.load_state_dict(self.net.state_dict())
+        return loss.item()
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(net: RecurrentQNetwork, episodes: int, seed: int) -> np.ndarray:
+    """Greedy returns of ``episodes`` episodes, run side by side."""
+    envs = make_envs(episodes, seed)
+    device = next(net.parameters()).device
+    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+    state = net.initial_state(episodes, device)
+    actions = torch.full((episodes,), -1, device=device)
+    returns = np.zeros(episodes)
+    running = np.ones(episodes, dtype=bool)
+    while running.any():
+        q, state = net.step(torch.as_tensor(obs, device=device), actions, state)
+        actions = q.argmax(dim=1)
+        chosen = actions.cpu().numpy()
+        for i in np.flatnonzero(running):
+            obs[i], reward, terminated, truncated, _ = envs[i].step(int(chosen[i]))
+            returns[i] += reward
+            running[i] = not (terminated or truncated)
+    return returns
+
+
+def save_figure(
+    path: str, curve: list[tuple[int, float]], priorities: dict[int, float], total_steps: int
+) -> None:
+    fig, (ax_curve, ax_prio) = plt.subplots(1, 2, figsize=(11, 4))
+    if curve:
+        steps, returns = np.array(curve).T
+        ax_curve.plot(steps, returns, ".", alpha=0.3, markersize=3, label="episode return")
+        smooth = np.convolve(returns, np.ones(20) / 20, mode="valid") if len(returns) >= 20 else []
+        ax_curve.plot(steps[len(steps) - len(smooth) :], smooth, label="mean of last 20")
+    ax_curve.set(xlabel="environment steps", ylabel="return", xlim=(0, total_steps))
+    ax_curve.set_title("Training episodes (epsilon-greedy)")
+    ax_curve.legend(loc="upper left")
+    if priorities:
+        ids, values = np.array(sorted(priorities.items())).T
+        ax_prio.scatter(ids, values, s=6)
+    ax_prio.set(xlabel="episode id (older to newer)", ylabel="priority", yscale="log")
+    ax_prio.set_title("Priorities of the stored episodes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def epsilon_at(args: Args, fraction: float) -> float:
+    decay = min(fraction / args.eps_fraction, 1.0)
+    return args.eps_start + decay * (args.eps_end - args.eps_start)
+
+
+def make_window(args: Args) -> Window:
+    # allow_partial: early episodes are shorter than a window and must be learned from too.
+    # "stop" moves a window that overruns its episode back inside it, so no learning region
+    # holds only the extra final record (it has no transition, hence no TD error).
+    return Window(
+        args.learn_length,
+        burn_in=args.burn_in,
+        bootstrap=args.n_step,
+        boundary="stop",
+        allow_partial=True,
+    )
+
+
+def train(
+    args: Args, net: RecurrentQNetwork, buffer: PrioritizedSequenceReplay
+) -> tuple[list[tuple[int, float]], int]:
+    """Collect ``total_steps`` steps, updating as we go; returns (step, return) per episode."""
+    actor = Actor(make_envs(args.num_envs, args.seed), net, args.seed)
+    learner = Learner(net, args)
+    window = make_window(args)
+    learning_starts = min(args.learning_starts, args.total_steps // 4)
+    iterations = -(-args.total_steps // args.num_envs)
+    curve: list[tuple[int, float]] = []
+    loss, owed_updates = float("nan"), 0.0
+    progress = tqdm(total=iterations * args.num_envs, unit="step", dynamic_ncols=True)
+    for iteration in range(iterations):
+        step = iteration * args.num_envs
+        fraction = step / args.total_steps
+        epsilon = epsilon_at(args, fraction)
+        for episode, episode_return in actor.step(epsilon):
+            buffer.add(episode)
+            curve.append((step, episode_return))
+        progress.update(args.num_envs)
+        if step < learning_starts or buffer.num_episodes == 0:
+            continue
+        buffer.anneal_beta(fraction)
+        owed_updates += args.num_envs / args.steps_per_update
+        while owed_updates >= 1:
+            loss = learner.update(buffer, window, fraction)
+            owed_updates -= 1
+        if iteration % 20 == 0:
+            progress.set_postfix(
+                ret=f"{np.mean([r for _, r in curve[-20:]]):.0f}",
+                eps=f"{epsilon:.2f}",
+                loss=f"{loss:.3f}",
+                episodes=buffer.stats()["episodes_added"],
+                stored=len(buffer),
+                beta=f"{buffer.beta:.2f}",
+                refresh=False,
+            )
+    progress.close()
+    return curve, learner.updates
+
+
+def main() -> None:
+    args = parse_args()
+    torch.manual_seed(args.seed)  # numpy generators and environments get args.seed explicitly
+    torch.set_num_threads(args.threads)
+    probe = make_envs(1, args.seed)[0]
+    net = RecurrentQNetwork(
+        probe.observation_space.shape[0], int(probe.action_space.n), args.hidden
+    ).to(args.device)
+    # Storage stays on the CPU; sample_windows(device=...) gathers batches onto args.device.
+    buffer = PrioritizedSequenceReplay(
+        args.capacity, alpha=args.alpha, beta=args.beta, seed=args.seed
+    )
+
+    start = time.perf_counter()
+    curve, updates = train(args, net, buffer)
+    train_time = time.perf_counter() - start
+    returns = evaluate(net, args.eval_episodes, args.seed + 10_000)
+    priorities = dict(zip(buffer.episode_ids, buffer.priorities.tolist(), strict=True))
+    save_figure(args.plot_path, curve, priorities, args.total_steps)
+
+    print(
+        f"trained on {buffer.stats()['episodes_added']} episodes with {updates} updates"
+        f" in {train_time:.0f} s; figure: {args.plot_path}"
+    )
+    print(
+        f"final evaluation return: {returns.mean():.1f} +/- {returns.std():.1f}"
+        f" over {args.eval_episodes} episodes"
+    )
+
+
+if __name__ == "__main__":
+    main()
