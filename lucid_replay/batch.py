@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -18,26 +18,27 @@ _Moved = TypeVar("_Moved", bound="attrs.AttrsInstance")
 
 
 def gather(
-    ring: TransitionRing, positions: torch.Tensor, device: torch.device
+    ring: TransitionRing,
+    shape: tuple[int, int],
+    device: torch.device,
+    read: Callable[[Mapping[str, torch.Tensor] | None], dict[str, torch.Tensor]],
 ) -> Mapping[str, torch.Tensor]:
-    """Gather ring slots ``positions`` (``[B, W]``) for every field onto ``device``.
+    """Run ``read`` (it fills ``[B, W, *field_shape]`` tensors) so its records land on ``device``.
 
     With CPU storage and a CUDA target the records are gathered into pinned host memory
     (PyTorch's caching host allocator reuses it) and copied with ``non_blocking=True``, so the
     copy overlaps whatever the learner's stream is doing.
     """
     if ring.device == device:
-        return MappingProxyType(ring.gather(positions))
+        return MappingProxyType(read(None))
     if ring.device.type == "cpu" and device.type == "cuda":
         pinned = {
-            name: torch.empty(
-                (*positions.shape, *store.shape[1:]), dtype=store.dtype, pin_memory=True
-            )
+            name: torch.empty((*shape, *store.shape[1:]), dtype=store.dtype, pin_memory=True)
             for name, store in ring.fields.items()
         }
-        host = ring.gather(positions, out=pinned)
+        host = read(pinned)
         return MappingProxyType({k: v.to(device, non_blocking=True) for k, v in host.items()})
-    return MappingProxyType({k: v.to(device) for k, v in ring.gather(positions).items()})
+    return MappingProxyType({k: v.to(device) for k, v in read(None).items()})
 
 
 def _to_device(value: object, device: _DeviceLike, non_blocking: bool) -> object:

@@ -309,12 +309,26 @@ class SequenceReplay:
     def _chunks(self, anchors: Anchors, length: int, target: torch.device) -> Batch:
         first = self._table.start[anchors.rows] + anchors.steps
         record = windows.layout(Window(length), self._device).record
-        positions = self._ring.slots(first.unsqueeze(1) + record, self._table.oldest_offset)
-        return Batch(
-            gather(self._ring, positions, target),
-            anchors.episode_ids.to(target),
-            anchors.steps.to(target),
-        )
+        offsets = first.unsqueeze(1) + record
+        data = self._gather_runs(first, offsets, None, length, 1, target)
+        return Batch(data, anchors.episode_ids.to(target), anchors.steps.to(target))
+
+    def _gather_runs(
+        self,
+        first_offsets: torch.Tensor,
+        offsets: torch.Tensor,
+        exact: torch.Tensor | None,
+        size: int,
+        stride: int,
+        target: torch.device,
+    ) -> Mapping[str, torch.Tensor]:
+        """Records ``[B, size]`` onto ``target`` (see `TransitionRing.gather_runs`)."""
+        oldest = self._table.oldest_offset
+
+        def read(out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+            return self._ring.gather_runs(first_offsets, size, stride, offsets, exact, oldest, out)
+
+        return gather(self._ring, (int(first_offsets.shape[0]), size), target, read)
 
     def sample_windows(
         self,
@@ -385,10 +399,17 @@ class SequenceReplay:
     def _windows(self, anchors: Anchors, window: Window, target: torch.device) -> WindowBatch:
         records = windows.expand(self._table, anchors.episode_ids, anchors.steps, window)
         shape = records.valid.shape
-        slots = self._ring.slots(records.offsets, self._table.oldest_offset)
+        data = self._gather_runs(
+            records.first_offsets,
+            records.offsets,
+            records.valid,  # exactly the records that were not clamped
+            window.size,
+            window.dilation,
+            target,
+        )
         per_record = windows.layout(window, target)
         return WindowBatch(
-            data=gather(self._ring, slots, target),
+            data=data,
             learning_mask=per_record.learning_mask.expand(shape),
             validity_mask=records.valid.to(target),
             is_init=records.is_init.to(target),

@@ -116,6 +116,8 @@ class Records:
     """Where each record of ``B`` windows of ``W`` records lands (all ``[B, W]``)."""
 
     offsets: torch.Tensor  # global transition offsets (see `TransitionRing.slots`)
+    # [B]: where record 0 would be without clamping; record k then at + k * dilation
+    first_offsets: torch.Tensor
     episode_ids: torch.Tensor
     steps: torch.Tensor
     valid: torch.Tensor
@@ -172,6 +174,7 @@ def expand(
     terminal = table.terminated[rows].unsqueeze(1) & (steps == last)
     return Records(
         offsets=starts + steps,
+        first_offsets=(starts + target[:, :1]).squeeze(1),
         episode_ids=episode_ids.unsqueeze(1).expand_as(target),
         steps=steps,
         valid=valid,
@@ -200,4 +203,5 @@ def _across_episodes(
     first_valid = valid & (valid.cumsum(dim=1) == 1)
     is_init = first_valid | (valid & (steps == 0))
     terminal = table.terminated[record_rows] & (steps == table.length[record_rows] - 1)
-    return Records(offsets, record_ids, steps, valid, is_init, terminal)
+    first_offsets = wanted[:, 0]
+    return Records(offsets, first_offsets, record_ids, steps, valid, is_init, terminal)

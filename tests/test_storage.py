@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_episode
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lucid_replay import (
     Episode,
@@ -367,3 +369,35 @@ def test_mutating_a_looked_up_episode_does_not_change_storage():
     buffer.add(episode)
     buffer[0]["serial"].zero_()
     assert torch.equal(buffer[0]["serial"], episode["serial"])
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    capacity=st.integers(1, 24),
+    size=st.integers(1, 8),
+    stride=st.integers(1, 3),
+    data=st.data(),
+)
+def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
+    """Block reads of runs (with seam and clamp repairs) equal gathering every record's slot."""
+    from lucid_replay.storage import TransitionRing
+
+    ring = TransitionRing(capacity, torch.device("cpu"))
+    ring.allocate({"x": ((2,), torch.float32), "flag": ((), torch.bool)})
+    ring.fields["x"].copy_(torch.arange(2 * capacity, dtype=torch.float32).view(capacity, 2))
+    ring.fields["flag"].copy_(torch.arange(capacity) % 3 == 0)
+    oldest = data.draw(st.integers(0, 3 * capacity), label="oldest")
+    batch = data.draw(st.integers(1, 5), label="batch")
+    firsts = torch.tensor(
+        data.draw(
+            st.lists(st.integers(oldest - 10, oldest + capacity), min_size=batch, max_size=batch)
+        )
+    )
+    wanted = firsts.unsqueeze(1) + stride * torch.arange(size)
+    # Clamp into the stored range like a boundary policy would; clamped records are inexact.
+    offsets = wanted.clamp(oldest, oldest + capacity - 1)
+    exact = offsets == wanted
+    got = ring.gather_runs(firsts, size, stride, offsets, exact, oldest)
+    expected = ring.gather(ring.slots(offsets, oldest))
+    for name in ("x", "flag"):
+        assert torch.equal(got[name], expected[name])
