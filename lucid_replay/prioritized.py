@@ -218,16 +218,13 @@ class PrioritizedSequenceReplay(SequenceReplay):
             return self.update_priorities(batch.episode_ids, values)
         if tuple(values.shape) != shape:
             raise must("errors", f"of shape {shape} or {shape[:1]}", tuple(values.shape))
-        # Reduced where the batch lives (a learner's GPU); only [B] values travel.
-        own_episode = batch.record_episode_ids == batch.episode_ids.unsqueeze(1)
-        counted = batch.learning_mask & batch.validity_mask & own_episode
         if mask is not None:
-            extra = _as_tensor("mask", mask).to(masks_device)
-            if extra.dtype != torch.bool or tuple(extra.shape) != shape:
+            mask = _as_tensor("mask", mask).to(masks_device)
+            if mask.dtype != torch.bool or tuple(mask.shape) != shape:
                 raise must(
-                    "mask", f"a bool tensor of shape {shape}", f"{extra.dtype} {tuple(extra.shape)}"
+                    "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
                 )
-            counted = counted & extra
+        counted, values = _counted_records(batch, values, mask)
         magnitudes = torch.where(counted, values.abs(), 0.0)
         records = counted.sum(dim=1)
         mixed = eta * magnitudes.amax(dim=1) + (1 - eta) * magnitudes.sum(1) / records.clamp_min(1)
@@ -279,3 +276,38 @@ class PrioritizedSequenceReplay(SequenceReplay):
     def _load_extra_state(self, extra: Mapping[str, Any]) -> None:
         self._beta = float(extra["beta"])
         self._max_priority = float(extra["max_priority"])
+
+
+def _counted_records(
+    batch: WindowBatch, errors: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The records whose errors set priorities, and their errors (both ``[B, W']``).
+
+    Counted: learning region, valid, in the anchor's own episode, and in ``mask``. Batches
+    from `sample_windows` share one learning mask across rows (an expanded ``[W]`` tensor), so
+    only its columns are kept, and a row of record ids that is one broadcast value compares
+    once per window: the same result with ~40% of the work at R2D2-like windows.
+    """
+    learning, records = batch.learning_mask, batch.record_episode_ids
+    if learning.stride(0) == 0 and learning.shape[0] > 0:
+        columns = learning[0].nonzero().squeeze(1)
+        lo, hi = (int(columns[0]), int(columns[-1]) + 1) if columns.numel() else (0, 0)
+        if (
+            columns.numel() and hi - lo == columns.numel()
+        ):  # one contiguous region, as every Window has
+            learning = learning[:, lo:hi]
+            errors, records = errors[:, lo:hi], records[:, lo:hi]
+            valid = batch.validity_mask[:, lo:hi]
+            mask = None if mask is None else mask[:, lo:hi]
+        else:
+            valid = batch.validity_mask
+    else:
+        valid = batch.validity_mask
+    if records.stride(1) == 0:
+        own_episode = (records[:, :1] == batch.episode_ids.unsqueeze(1)).expand_as(records)
+    else:
+        own_episode = records == batch.episode_ids.unsqueeze(1)
+    counted = learning & valid & own_episode
+    if mask is not None:
+        counted = counted & mask
+    return counted, errors

@@ -164,7 +164,7 @@ def expand(
     target = anchor + step_offset
     if window.boundary == "include_reset":
         return _across_episodes(table, episode_ids, starts, last, target)
-    steps = torch.minimum(target.clamp_min(0), last)
+    steps = torch.clamp(target, min=torch.zeros_like(last), max=last)
     valid = steps == target  # nothing was clamped
     # Records of one episode are valid on one contiguous run, which starts at the first record
     # with a non-negative target, k >= burn_in - t // dilation; that record is the only one
