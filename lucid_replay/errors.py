@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 __all__ = [
     "CheckpointError",
@@ -89,3 +90,31 @@ def check_float(param: str, value: Any, *, minimum: float, strict: bool = False)
     if not (ok and np.isfinite(number)):
         raise must(param, f"{'>' if strict else '>='} {minimum} and finite", value)
     return number
+
+
+def as_tensor(name: str, values: Any) -> torch.Tensor:
+    """Lists, numpy arrays or tensors (any device) -> a detached tensor.
+
+    Python sequences go through numpy, which keeps Python floats in float64 (torch would round
+    them to float32 first, changing ``|error| + epsilon`` and overflowing beyond 3.4e38).
+    """
+    if isinstance(values, torch.Tensor):
+        return values.detach()
+    try:
+        array = np.asarray(values)
+        if array.dtype.kind not in "biuf":
+            raise TypeError
+        return torch.from_numpy(array)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be array-like numbers, got {type(values).__name__}") from None
+
+
+def as_vector(name: str, values: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Lists, numpy arrays or tensors (any device) -> a detached 1-D tensor on ``device``."""
+    tensor = as_tensor(name, values)
+    if tensor.dim() != 1:
+        raise must(name, "one-dimensional", tuple(tensor.shape))
+    integral = not (tensor.is_floating_point() or tensor.is_complex())
+    if dtype == torch.int64 and not integral and tensor.numel():
+        raise TypeError(f"{name} must hold integers, got dtype {tensor.dtype}")
+    return tensor.to(device=device, dtype=dtype)

@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 import torch
 
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
-from lucid_replay.errors import CheckpointError, check_float, must
-from lucid_replay.replay import SequenceReplay, _as_tensor, _as_vector
+from lucid_replay.errors import CheckpointError, as_tensor, as_vector, check_float, must
+from lucid_replay.replay import SequenceReplay
 
 __all__ = ["PrioritizedSequenceReplay"]
 
@@ -153,8 +153,8 @@ class PrioritizedSequenceReplay(SequenceReplay):
             If the lengths differ, an error is NaN or infinite, or an id was never issued.
             Nothing is updated then.
         """
-        ids = _as_vector("indices", indices, torch.int64, self._device)
-        values = _as_vector("errors", errors, torch.float64, self._device)
+        ids = as_vector("indices", indices, torch.int64, self._device)
+        values = as_vector("errors", errors, torch.float64, self._device)
         if ids.shape != values.shape:
             raise must("errors", f"as long as indices ({ids.numel()})", values.numel())
         finite = torch.isfinite(values)
@@ -210,7 +210,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         if not isinstance(batch, WindowBatch):
             raise TypeError(f"batch must be a WindowBatch, got {type(batch).__name__}")
         masks_device = batch.validity_mask.device
-        values = _as_tensor("errors", errors).to(masks_device)
+        values = as_tensor("errors", errors).to(masks_device)
         if not values.is_floating_point():
             values = values.to(torch.float64)
         shape = tuple(batch.validity_mask.shape)
@@ -219,7 +219,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         if tuple(values.shape) != shape:
             raise must("errors", f"of shape {shape} or {shape[:1]}", tuple(values.shape))
         if mask is not None:
-            mask = _as_tensor("mask", mask).to(masks_device)
+            mask = as_tensor("mask", mask).to(masks_device)
             if mask.dtype != torch.bool or tuple(mask.shape) != shape:
                 raise must(
                     "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import atexit
 import operator
 import os
-import queue
 import tempfile
 import threading
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-import numpy as np
 import torch
 
 from lucid_replay import checkpoint
@@ -26,9 +22,11 @@ from lucid_replay.errors import (
     SchemaDtypeError,
     SchemaError,
     UnknownEpisodeError,
+    as_vector,
     check_int,
     must,
 )
+from lucid_replay.prefetch import iterate_in_background
 from lucid_replay.sampling import Anchors, AnchorSampler
 from lucid_replay.storage import EpisodeTable, TransitionRing
 from lucid_replay.window import Window
@@ -376,8 +374,8 @@ class SequenceReplay:
             For a step outside its episode or arguments of different lengths.
         """
         _check_window(window)
-        ids = _as_vector("episode_ids", episode_ids, torch.int64, self._device)
-        steps = _as_vector("anchor_steps", anchor_steps, torch.int64, self._device)
+        ids = as_vector("episode_ids", episode_ids, torch.int64, self._device)
+        steps = as_vector("anchor_steps", anchor_steps, torch.int64, self._device)
         if ids.shape != steps.shape:
             raise must("anchor_steps", f"as long as episode_ids ({ids.numel()})", steps.numel())
         with self._lock:
@@ -514,7 +512,9 @@ class SequenceReplay:
         check_int("batch_size", batch_size, minimum=1)
         check_int("prefetch", prefetch, minimum=1)
         _check_window(window)
-        return _prefetch(lambda: self.sample_windows(batch_size, window, device=device), prefetch)
+        return iterate_in_background(
+            lambda: self.sample_windows(batch_size, window, device=device), prefetch
+        )
 
     # Checkpoint hooks: subclasses extend the configuration and the extra state.
     def _config(self) -> dict[str, Any]:
@@ -613,91 +613,3 @@ def _generator(seed: int | torch.Generator | None, device: torch.device) -> torc
 def _check_window(window: object) -> None:
     if not isinstance(window, Window):
         raise TypeError(f"window must be a Window, got {type(window).__name__}")
-
-
-def _as_tensor(name: str, values: Any) -> torch.Tensor:
-    """Lists, numpy arrays or tensors (any device) -> a detached tensor.
-
-    Python sequences go through numpy, which keeps Python floats in float64 (torch would round
-    them to float32 first, changing ``|error| + epsilon`` and overflowing beyond 3.4e38).
-    """
-    if isinstance(values, torch.Tensor):
-        return values.detach()
-    try:
-        array = np.asarray(values)
-        if array.dtype.kind not in "biuf":
-            raise TypeError
-        return torch.from_numpy(array)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"{name} must be array-like numbers, got {type(values).__name__}") from None
-
-
-def _as_vector(name: str, values: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Lists, numpy arrays or tensors (any device) -> a detached 1-D tensor on ``device``."""
-    tensor = _as_tensor(name, values)
-    if tensor.dim() != 1:
-        raise must(name, "one-dimensional", tuple(tensor.shape))
-    integral = not (tensor.is_floating_point() or tensor.is_complex())
-    if dtype == torch.int64 and not integral and tensor.numel():
-        raise TypeError(f"{name} must hold integers, got dtype {tensor.dtype}")
-    return tensor.to(device=device, dtype=dtype)
-
-
-class _Failure:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def _prefetch(draw: Callable[[], WindowBatch], depth: int) -> Iterator[WindowBatch]:
-    """Yield ``draw()`` results made by a worker thread, at most ``depth`` ahead.
-
-    A generator, so the worker starts at the first ``next`` and stops (joined) when the
-    generator is closed, exhausted by an error, or garbage collected.
-    """
-    ready: queue.Queue[WindowBatch | _Failure] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def hand_over(item: WindowBatch | _Failure) -> bool:
-        # Never block for good on a full queue: the consumer may have gone away.
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            while hand_over(draw()):
-                pass
-        except BaseException as error:  # handed to the consumer, raised there
-            hand_over(_Failure(error))
-
-    worker = threading.Thread(target=produce, name="lucid_replay-prefetch", daemon=True)
-    worker.start()
-    _running_workers[worker] = stop
-    try:
-        while True:
-            item = ready.get()
-            if isinstance(item, _Failure):
-                raise item.error
-            yield item
-    finally:
-        stop.set()
-        worker.join()
-        _running_workers.pop(worker, None)
-
-
-# Workers of iterators still referenced when the interpreter exits: a daemon thread killed in
-# the middle of a torch operation aborts the process, so stop and join them first.
-_running_workers: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-@atexit.register
-def _stop_running_workers() -> None:
-    for worker, stop in list(_running_workers.items()):
-        stop.set()
-        worker.join(timeout=10)
