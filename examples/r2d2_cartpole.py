@@ -11,11 +11,13 @@ The recipe follows R2D2 (Kapturowski et al., 2019), scaled down to run on a lapt
   ``terminated=True`` only when the pole fell (not at the 500-step time limit);
 * the learner samples windows ``[burn-in | learning region | n bootstrap records]``, starts the
   LSTM from the stored state, warms it up over the burn-in without gradients, and regresses
-  n-step double-Q targets computed with a target network;
+  n-step double-Q targets computed with a Polyak-averaged target network;
 * per-record TD errors become per-episode priorities (``eta * max + (1 - eta) * mean``), the
   importance weights correct for the prioritized draw, and beta is annealed to 1 over training;
 * the LSTM states the learner recomputes are written back into the replay, so later windows
-  start from fresher stored states.
+  start from fresher stored states;
+* every ``eval_interval`` steps the greedy policy plays a few episodes, and the final
+  evaluation uses the best weights seen (Q-learning on CartPole peaks, then drifts).
 
 Each episode is stored with one extra record at the end: the observation the environment
 returned after the last action (action 0, reward 0). It is what truncated episodes bootstrap
@@ -63,7 +65,7 @@ class Args:
     hidden: int = setting(64, "width of the encoder and of the LSTM")
     # Replay and windows.
     capacity: int = setting(100_000, "replay capacity in stored steps")
-    alpha: float = setting(0.6, "priority exponent")
+    alpha: float = setting(0.4, "priority exponent (R2D2 uses 0.9; early falls then crowd replay)")
     beta: float = setting(0.4, "initial importance-sampling exponent, annealed to 1")
     eta: float = setting(0.9, "episode priority = eta * max|td| + (1 - eta) * mean|td|")
     burn_in: int = setting(8, "records replayed without gradients to warm up the LSTM state")
@@ -78,13 +80,16 @@ class Args:
     learning_starts: int = setting(
         2_000, "steps collected before the first update (capped at a quarter of total_steps)"
     )
-    steps_per_update: int = setting(8, "environment steps collected per gradient step")
-    target_period: int = setting(200, "gradient steps between target network copies")
+    steps_per_update: int = setting(4, "environment steps collected per gradient step")
+    tau: float = setting(0.005, "Polyak rate: target += tau * (online - target) per update")
+    adam_eps: float = setting(1e-3, "Adam epsilon (above the usual 1e-8: steadier small steps)")
     max_grad_norm: float = setting(10.0, "gradient norm clip")
     eps_start: float = setting(1.0, "initial epsilon of the epsilon-greedy actor")
     eps_end: float = setting(0.05, "final epsilon")
     eps_fraction: float = setting(0.3, "fraction of total_steps over which epsilon decays")
     # Evaluation and output.
+    eval_interval: int = setting(2_500, "steps between greedy checks that keep the best net")
+    check_episodes: int = setting(10, "greedy episodes per check during training")
     eval_episodes: int = setting(20, "greedy episodes for the final evaluation")
     plot_path: str = setting("r2d2_cartpole.png", "where to write the learning-curve figure")
 
@@ -289,12 +294,12 @@ def n_step_targets(
 
 
 class Learner:
-    """Double-Q learner with a periodically copied target network."""
+    """Double-Q learner with a Polyak-averaged target network."""
 
     def __init__(self, net: RecurrentQNetwork, args: Args) -> None:
         self.net, self.args = net, args
         self.target = copy.deepcopy(net).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(net.parameters(), lr=args.lr)
+        self.optimizer = torch.optim.Adam(net.parameters(), lr=args.lr, eps=args.adam_eps)
         self.updates = 0
 
     def update(self, buffer: PrioritizedSequenceReplay, window: Window, fraction: float) -> float:
@@ -324,13 +329,16 @@ class Learner:
 
         errors = torch.zeros_like(q[..., 0])
         errors[:, learn] = td.detach().abs()
-        buffer.update_priorities_from(batch, errors, eta=args.eta)
+        full_mask = torch.zeros_like(batch.validity_mask)  # records that have a TD error
+        full_mask[:, learn] = mask
+        buffer.update_priorities_from(batch, errors, eta=args.eta, mask=full_mask)
         if args.write_back:
             buffer.write_back(batch, "h", entering[0].detach())
             buffer.write_back(batch, "c", entering[1].detach())
         self.updates += 1
-        if self.updates % args.target_period == 0:
-            self.target.load_state_dict(self.net.state_dict())
+        with torch.no_grad():  # a slowly moving target damps Q-learning's oscillations
+            for online, target in zip(self.net.parameters(), self.target.parameters(), strict=True):
+                target.lerp_(online, args.tau)
         return loss.item()
 
 
@@ -359,7 +367,11 @@ def evaluate(net: RecurrentQNetwork, episodes: int, seed: int) -> np.ndarray:
 
 
 def save_figure(
-    path: str, curve: list[tuple[int, float]], priorities: dict[int, float], total_steps: int
+    path: str,
+    curve: list[tuple[int, float]],
+    checks: list[tuple[int, float]],
+    priorities: dict[int, float],
+    total_steps: int,
 ) -> None:
     fig, (ax_curve, ax_prio) = plt.subplots(1, 2, figsize=(11, 4))
     if curve:
@@ -367,8 +379,11 @@ def save_figure(
         ax_curve.plot(steps, returns, ".", alpha=0.3, markersize=3, label="episode return")
         smooth = np.convolve(returns, np.ones(20) / 20, mode="valid") if len(returns) >= 20 else []
         ax_curve.plot(steps[len(steps) - len(smooth) :], smooth, label="mean of last 20")
+    if checks:
+        steps, returns = np.array(checks).T
+        ax_curve.plot(steps, returns, "o-", label="greedy check")
     ax_curve.set(xlabel="environment steps", ylabel="return", xlim=(0, total_steps))
-    ax_curve.set_title("Training episodes (epsilon-greedy)")
+    ax_curve.set_title("Training episodes (epsilon-greedy) and greedy checks")
     ax_curve.legend(loc="upper left")
     if priorities:
         ids, values = np.array(sorted(priorities.items())).T
@@ -403,14 +418,23 @@ def make_window(args: Args) -> Window:
 
 def train(
     args: Args, net: RecurrentQNetwork, buffer: PrioritizedSequenceReplay
-) -> tuple[list[tuple[int, float]], int]:
-    """Collect ``total_steps`` steps, updating as we go; returns (step, return) per episode."""
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]], int]:
+    """Collect ``total_steps`` steps, updating as we go, and leave the best checked weights in
+    ``net``. Returns (step, return) per training episode, (step, mean return) per greedy check,
+    and the number of updates.
+
+    Q-learning on CartPole tends to peak and then drift, so every ``eval_interval`` steps the
+    greedy policy plays ``check_episodes`` episodes and the best weights so far are kept (model
+    selection, on episode seeds that the final evaluation never uses).
+    """
     actor = Actor(make_envs(args.num_envs, args.seed), net, args.seed)
     learner = Learner(net, args)
     window = make_window(args)
     learning_starts = min(args.learning_starts, args.total_steps // 4)
     iterations = -(-args.total_steps // args.num_envs)
     curve: list[tuple[int, float]] = []
+    checks: list[tuple[int, float]] = []
+    best_return, best_weights = -np.inf, net.state_dict()
     loss, owed_updates = float("nan"), 0.0
     progress = tqdm(total=iterations * args.num_envs, unit="step", dynamic_ncols=True)
     for iteration in range(iterations):
@@ -428,6 +452,12 @@ def train(
         while owed_updates >= 1:
             loss = learner.update(buffer, window, fraction)
             owed_updates -= 1
+        crossed = (step + args.num_envs) // args.eval_interval > step // args.eval_interval
+        if crossed or iteration == iterations - 1:  # the final weights are checked too
+            check = evaluate(net, args.check_episodes, args.seed + 20_000).mean()
+            checks.append((step + args.num_envs, check))
+            if check >= best_return:  # ties go to the later, longer-trained weights
+                best_return, best_weights = check, copy.deepcopy(net.state_dict())
         if iteration % 20 == 0:
             progress.set_postfix(
                 ret=f"{np.mean([r for _, r in curve[-20:]]):.0f}",
@@ -436,10 +466,12 @@ def train(
                 episodes=buffer.stats()["episodes_added"],
                 stored=len(buffer),
                 beta=f"{buffer.beta:.2f}",
+                best=f"{best_return:.0f}",
                 refresh=False,
             )
     progress.close()
-    return curve, learner.updates
+    net.load_state_dict(best_weights)
+    return curve, checks, learner.updates
 
 
 def main() -> None:
@@ -456,11 +488,11 @@ def main() -> None:
     )
 
     start = time.perf_counter()
-    curve, updates = train(args, net, buffer)
+    curve, checks, updates = train(args, net, buffer)
     train_time = time.perf_counter() - start
     returns = evaluate(net, args.eval_episodes, args.seed + 10_000)
     priorities = dict(zip(buffer.episode_ids, buffer.priorities.tolist(), strict=True))
-    save_figure(args.plot_path, curve, priorities, args.total_steps)
+    save_figure(args.plot_path, curve, checks, priorities, args.total_steps)
 
     print(
         f"trained on {buffer.stats()['episodes_added']} episodes with {updates} updates"
