@@ -108,7 +108,9 @@ class TransitionRing:
 
         Each run is read as one block through a strided view of the ring, which copies about
         30% faster than gathering its records one by one; runs across the ring's seam and the
-        inexact records are then repaired with a per-record gather.
+        inexact records are then repaired with a per-record gather. When more than a quarter
+        of the records need repair (windows much longer than the episodes), every record is
+        gathered one by one instead.
         """
         span = 1 + stride * (size - 1)
         if span > self.capacity:  # no run fits in the ring as a block
@@ -120,6 +122,10 @@ class TransitionRing:
             firsts = torch.where(inside, firsts, 0)
             across = (~inside).unsqueeze(1).expand(-1, size)
             repair = across if repair is None else repair | across
+        where = None if repair is None else repair.reshape(-1).nonzero().squeeze(1)
+        if where is not None and where.numel() * 4 > first_offsets.numel() * size:
+            # Mostly clamped (short episodes): block reads would mostly be thrown away.
+            return self.gather(self.slots(offsets, oldest_offset), out)
         result = {}
         for name, store in self.fields.items():
             rest = store.shape[1:]
@@ -131,7 +137,6 @@ class TransitionRing:
                 result[name] = runs.index_select(0, firsts)
             else:
                 result[name] = torch.index_select(runs, 0, firsts, out=out[name])
-        where = None if repair is None else repair.reshape(-1).nonzero().squeeze(1)
         if where is not None and where.numel():
             slots = self.slots(offsets.reshape(-1)[where], oldest_offset)
             for name, store in self.fields.items():

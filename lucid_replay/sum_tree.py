@@ -91,7 +91,8 @@ def _refresh_ancestors(tree: _Array, nodes: _Array, levels: int) -> None:
     for _ in range(levels):
         nodes = nodes >> 1
         # Siblings share a parent; duplicate parents write the same value.
-        tree[nodes] = children[nodes].sum(1)
+        pair = children[nodes]
+        tree[nodes] = pair[:, 0] + pair[:, 1]  # numpy's sum(1) costs a ufunc reduce
 
 
 def search(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
