@@ -63,32 +63,24 @@ class AnchorSampler:
         self.reuse_limit = reuse_limit
         self.alpha = 0.0
         self.episodes_retired = torch.zeros((), dtype=torch.int64, device=table.device)
-        self._trees: OrderedDict[tuple[int, bool], torch.Tensor] = OrderedDict()
-        # Rows whose leaves are stale in every tree (add, evict, retire) and rows whose
-        # priority alone changed (stale only in prioritized trees).
-        self._dirty_rows: list[int] = []
-        self._dirty_tensors: list[torch.Tensor] = []
-        self._dirty_priorities: list[torch.Tensor] = []
+        self._trees: OrderedDict[tuple[int, bool], _CachedTree] = OrderedDict()
         self._generation = table.generation
 
     # ------------------------------------------------------------------------ the cache
     def mark_dirty(self, rows: int | torch.Tensor) -> None:
-        """Note that the leaves of ``rows`` must be recomputed before the next draw."""
-        if isinstance(rows, int):
-            self._dirty_rows.append(rows)
-        else:
-            self._dirty_tensors.append(rows.reshape(-1))
+        """Note that the leaves of ``rows`` must be recomputed before their next draw."""
+        for tree in self._trees.values():
+            tree.note(rows, self.table.row_count)
 
     def mark_priorities_dirty(self, rows: torch.Tensor) -> None:
         """Note that only the priorities of ``rows`` changed (uniform trees stay exact)."""
-        self._dirty_priorities.append(rows.reshape(-1))
+        for (_, prioritized), tree in self._trees.items():
+            if prioritized:
+                tree.note(rows, self.table.row_count)
 
     def invalidate(self) -> None:
         """Forget every tree (after the table was reshaped or reloaded)."""
         self._trees.clear()
-        self._dirty_rows.clear()
-        self._dirty_tensors.clear()
-        self._dirty_priorities.clear()
         self._generation = self.table.generation
 
     def leaf_values(self, rows: torch.Tensor, span: int, prioritized: bool) -> torch.Tensor:
@@ -104,42 +96,27 @@ class AnchorSampler:
         return torch.where(live, mass, torch.zeros_like(mass))
 
     def tree(self, span: int, prioritized: bool) -> torch.Tensor:
-        """The up-to-date tree for ``(span, prioritized)``, built on first use."""
+        """The up-to-date tree for ``(span, prioritized)``, built on first use.
+
+        Each tree refreshes only its own pending rows, and only when it is drawn from, so
+        adds and updates cost nothing for trees a training loop is not using right now.
+        """
         if self._generation != self.table.generation:
             self.invalidate()
-        self._flush()
         key = (span, prioritized)
-        if key not in self._trees:
-            rows = torch.arange(self.table.row_count, device=self.table.device)
-            self._trees[key] = sum_tree.build(self.leaf_values(rows, span, prioritized))
+        cached = self._trees.get(key)
+        every = self.table.row_count
+        if cached is None or cached.stale:
+            rows = torch.arange(every, device=self.table.device)
+            cached = _CachedTree(sum_tree.build(self.leaf_values(rows, span, prioritized)))
+            self._trees[key] = cached
             if len(self._trees) > _MAX_TREES:
                 self._trees.popitem(last=False)
+        elif cached.pending:
+            rows = cached.take_pending(self.table.device)
+            sum_tree.assign_leaves(cached.nodes, rows, self.leaf_values(rows, span, prioritized))
         self._trees.move_to_end(key)
-        return self._trees[key]
-
-    def _flush(self) -> None:
-        device = self.table.device
-        structural = [*self._dirty_tensors]
-        if self._dirty_rows:
-            structural.append(torch.tensor(self._dirty_rows, dtype=torch.int64, device=device))
-        if not (structural or self._dirty_priorities):
-            return
-        stale = {
-            False: _unique(structural),
-            True: _unique([*structural, *self._dirty_priorities]),
-        }
-        self._dirty_rows.clear()
-        self._dirty_tensors.clear()
-        self._dirty_priorities.clear()
-        for (span, prioritized), tree in self._trees.items():
-            rows = stale[prioritized]
-            if rows is None:
-                continue
-            if rows.numel() * 8 > self.table.row_count:  # a rebuild is cheaper than many updates
-                every = torch.arange(self.table.row_count, device=device)
-                tree.copy_(sum_tree.build(self.leaf_values(every, span, prioritized)))
-            else:
-                sum_tree.assign_leaves(tree, rows, self.leaf_values(rows, span, prioritized))
+        return cached.nodes
 
     # ------------------------------------------------------------------------- drawing
     def mass(self, span: int, prioritized: bool) -> float:
@@ -248,9 +225,32 @@ class AnchorSampler:
         return int((left * eligible).sum())
 
 
-def _unique(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    """Sorted unique rows of ``parts``, or None when there are none."""
-    return torch.unique(torch.cat(parts)) if parts else None
+class _CachedTree:
+    """A sum tree and the rows whose leaves changed since it was last refreshed."""
+
+    def __init__(self, nodes: torch.Tensor) -> None:
+        self.nodes = nodes
+        self.pending: list[int | torch.Tensor] = []
+        self.pending_count = 0
+        self.stale = False  # so many rows changed that a rebuild is cheaper
+
+    def note(self, rows: int | torch.Tensor, row_count: int) -> None:
+        if self.stale:
+            return
+        self.pending.append(rows)
+        self.pending_count += 1 if isinstance(rows, int) else rows.numel()
+        if self.pending_count * 8 > row_count:  # k log E updates would exceed an O(E) build
+            self.stale, self.pending, self.pending_count = True, [], 0
+
+    def take_pending(self, device: torch.device) -> torch.Tensor:
+        """The pending rows, sorted and unique; clears them."""
+        ints = [row for row in self.pending if isinstance(row, int)]
+        parts = [row.reshape(-1) for row in self.pending if not isinstance(row, int)]
+        if ints:
+            parts.append(torch.tensor(ints, dtype=torch.int64, device=device))
+        self.pending, self.pending_count = [], 0
+        rows: torch.Tensor = torch.unique(torch.cat(parts))
+        return rows
 
 
 def _occurrence_rank(values: torch.Tensor) -> torch.Tensor:
