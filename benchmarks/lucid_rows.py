@@ -178,7 +178,7 @@ def memory_rows(config: Config, buffer: PrioritizedSequenceReplay) -> list[Row]:
     """Bytes beyond the user's data, read off the buffer's own tensors."""
     table = buffer._table
     table_bytes = sum(t.numel() * t.element_size() for t in table.columns.values())
-    tree_bytes = sum(t.numel() * t.element_size() for t in buffer._sampler._trees.values())
+    tree_bytes = buffer._sampler.tree_bytes()
     ring = buffer._ring.fields
     ring_bytes = sum(t.numel() * t.element_size() for t in ring.values())
     user_bytes = buffer.capacity * sum(t[0].numel() * t.element_size() for t in ring.values())

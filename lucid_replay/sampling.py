@@ -78,6 +78,10 @@ class AnchorSampler:
             if prioritized:
                 tree.note(rows, self.table.row_count)
 
+    def tree_bytes(self) -> int:
+        """Memory held by the cached trees (for reporting)."""
+        return sum(t.nodes.numel() * t.nodes.element_size() for t in self._trees.values())
+
     def invalidate(self) -> None:
         """Forget every tree (after the table was reshaped or reloaded)."""
         self._trees.clear()
