@@ -37,6 +37,18 @@ PREFETCH_THREAD = "lucid_replay-prefetch"
 TABLE_WINDOW = {"length": 2, "burn_in": 2, "bootstrap": 1, "dilation": 2}
 
 
+# The [B, W] entries of a WindowBatch besides its data.
+PER_RECORD = (
+    "learning_mask",
+    "validity_mask",
+    "is_init",
+    "terminal",
+    "record_episode_ids",
+    "record_steps",
+    "step_in_sequence",
+)
+
+
 def _standard_buffer(buffer_type=SequenceReplay, capacity=100, **kwargs):
     buffer = buffer_type(capacity=capacity, **kwargs)
     buffer.add(make_episode(4, first_serial=100))
@@ -70,19 +82,7 @@ def test_window_batch_flat_keys_shapes_and_sequence_id():
         [2, 0, 1], [1, 3, 0], Window(**TABLE_WINDOW, boundary="include_reset")
     )
     flat = batch.flat()
-    assert set(flat) == {
-        "serial",
-        "obs",
-        "done",
-        "learning_mask",
-        "validity_mask",
-        "is_init",
-        "terminal",
-        "record_episode_ids",
-        "record_steps",
-        "step_in_sequence",
-        "sequence_id",
-    }
+    assert set(flat) == {"serial", "obs", "done", *PER_RECORD, "sequence_id"}
     for name, value in flat.items():
         assert value.shape[0] == 15, name
     assert tuple(flat["obs"].shape) == (15, 2)
@@ -108,17 +108,7 @@ def test_window_batch_to_cpu_returns_equal_tensors():
     ):
         moved = batch.to("cpu", non_blocking=True)
         assert isinstance(moved, WindowBatch)
-        for name in (
-            "learning_mask",
-            "validity_mask",
-            "is_init",
-            "terminal",
-            "record_episode_ids",
-            "record_steps",
-            "step_in_sequence",
-            "episode_ids",
-            "anchor_steps",
-        ):
+        for name in (*PER_RECORD, "episode_ids", "anchor_steps"):
             assert torch.equal(getattr(moved, name), getattr(batch, name)), name
         assert set(moved.data) == set(batch.data)
         for name in batch.data:
