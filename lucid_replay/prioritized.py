@@ -7,6 +7,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from lucid_replay import arrays
+from lucid_replay.arrays import Array
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
 from lucid_replay.errors import CheckpointError, as_tensor, as_vector, check_float, must
 from lucid_replay.replay import SequenceReplay
@@ -175,19 +177,18 @@ class PrioritizedSequenceReplay(SequenceReplay):
     def _apply_priorities(self, ids: torch.Tensor, errors: torch.Tensor) -> int:
         """Set ``|errors| + epsilon`` for issued ``ids`` (storage device, validated)."""
         table = self._table
-        stored = table.is_stored(ids)
+        ids_of, errors_of = arrays.engine(ids), arrays.engine(errors)
+        stored = table.is_stored(ids_of)
         if not bool(stored.all()):  # evicted ids must not touch the rows now reused
-            ids, errors = ids[stored], errors[stored]
-        if ids.numel() == 0:
+            ids_of, errors_of = ids_of[stored], errors_of[stored]
+        if ids_of.shape[0] == 0:
             return 0
-        priorities = errors.to(torch.float64).abs() + self._epsilon
-        unique, inverse = torch.unique(table.rows_of(ids), return_inverse=True)
-        reduced = torch.zeros(unique.shape, dtype=torch.float64, device=self._device)
-        reduced.scatter_reduce_(0, inverse, priorities, "amax")
-        table.priority[unique] = reduced
-        self._max_priority = max(self._max_priority, float(reduced.max()))
-        self._sampler.mark_priorities_dirty(unique)
-        return int(unique.numel())
+        priorities = abs(arrays.cast(errors_of, torch.float64)) + self._epsilon
+        rows = table.rows_of(ids_of)
+        arrays.assign_max(table.arrays["priority"], rows, priorities)
+        self._max_priority = max(self._max_priority, float(priorities.max()))
+        self._sampler.mark_priorities_dirty(arrays.tensor(rows))
+        return arrays.count_distinct(rows)
 
     def update_priorities_from(
         self, batch: WindowBatch, errors: Any, *, eta: float = 0.9, mask: Any = None
@@ -211,7 +212,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
             raise TypeError(f"batch must be a WindowBatch, got {type(batch).__name__}")
         masks_device = batch.validity_mask.device
         values = as_tensor("errors", errors).to(masks_device)
-        if not values.is_floating_point():
+        if values.dtype not in (torch.float32, torch.float64):  # also what numpy cannot hold
             values = values.to(torch.float64)
         shape = tuple(batch.validity_mask.shape)
         if tuple(values.shape) == shape[:1]:
@@ -224,18 +225,21 @@ class PrioritizedSequenceReplay(SequenceReplay):
                 raise must(
                     "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
                 )
-        counted, values = _counted_records(batch, values, mask)
-        magnitudes = torch.where(counted, values.abs(), 0.0)
-        records = counted.sum(dim=1)
-        mixed = eta * magnitudes.amax(dim=1) + (1 - eta) * magnitudes.sum(1) / records.clamp_min(1)
+        counted, counted_errors = _counted_records(batch, values, mask)
+        magnitudes = arrays.where(counted, abs(counted_errors), 0.0)
+        records = counted.sum(1)
+        mean = magnitudes.sum(1) / (records + (records == 0))
+        mixed = eta * arrays.row_max(magnitudes) + (1 - eta) * mean
         # A NaN or inf on a counted record reaches the max and the sum; others were masked.
-        if not bool(torch.isfinite(mixed).all()):
+        if not arrays.all_finite(mixed):
             raise must("errors", "finite on valid learning records", "a NaN or infinite value")
-        ids = batch.episode_ids
+        ids = arrays.engine(batch.episode_ids)
         if not bool(records.all()):  # windows without a counted record carry no signal
             ids, mixed = ids[records > 0], mixed[records > 0]
         with self._lock:
-            return self._apply_priorities(ids.to(self._device), mixed.to(self._device))
+            return self._apply_priorities(
+                arrays.tensor(ids).to(self._device), arrays.tensor(mixed).to(self._device)
+            )
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
         """Set ``beta = beta0 + fraction * (final - beta0)``, ``beta0`` the constructor's value.
@@ -280,34 +284,38 @@ class PrioritizedSequenceReplay(SequenceReplay):
 
 def _counted_records(
     batch: WindowBatch, errors: torch.Tensor, mask: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The records whose errors set priorities, and their errors (both ``[B, W']``).
+) -> tuple[Array, Array]:
+    """The records whose errors set priorities, and their errors (``[B, W']`` arrays each).
 
     Counted: learning region, valid, in the anchor's own episode, and in ``mask``. Batches
     from `sample_windows` share one learning mask across rows (an expanded ``[W]`` tensor), so
     only its columns are kept, and a row of record ids that is one broadcast value compares
-    once per window: the same result with ~40% of the work at R2D2-like windows.
+    once per window: the same result with ~40% of the work at R2D2-like windows. The arrays
+    are of the `arrays` engine of the batch's device.
     """
-    learning, records = batch.learning_mask, batch.record_episode_ids
-    if learning.stride(0) == 0 and learning.shape[0] > 0:
-        columns = learning[0].nonzero().squeeze(1)
-        lo, hi = (int(columns[0]), int(columns[-1]) + 1) if columns.numel() else (0, 0)
-        if (
-            columns.numel() and hi - lo == columns.numel()
-        ):  # one contiguous region, as every Window has
-            learning = learning[:, lo:hi]
-            errors, records = errors[:, lo:hi], records[:, lo:hi]
-            valid = batch.validity_mask[:, lo:hi]
-            mask = None if mask is None else mask[:, lo:hi]
-        else:
-            valid = batch.validity_mask
+    learning = batch.learning_mask
+    valid, kept_errors = arrays.engine(batch.validity_mask), arrays.engine(errors)
+    records = arrays.engine(batch.record_episode_ids)
+    kept_mask = None if mask is None else arrays.engine(mask)
+    columns = arrays.flat_nonzero(arrays.engine(learning[0])) if learning.shape[0] else None
+    if (
+        learning.stride(0) == 0
+        and columns is not None
+        and columns.shape[0]
+        and int(columns[-1]) + 1 - int(columns[0]) == columns.shape[0]
+    ):  # one shared, contiguous learning region, as every Window has
+        kept = slice(int(columns[0]), int(columns[-1]) + 1)
+        counted, kept_errors, records = valid[:, kept], kept_errors[:, kept], records[:, kept]
+        kept_mask = None if kept_mask is None else kept_mask[:, kept]
     else:
-        valid = batch.validity_mask
-    if records.stride(1) == 0:
-        own_episode = (records[:, :1] == batch.episode_ids.unsqueeze(1)).expand_as(records)
+        counted = valid & arrays.engine(learning)
+    anchor_ids = arrays.engine(batch.episode_ids)[:, None]
+    if batch.record_episode_ids.stride(1) == 0:  # one id per window (pad, stop)
+        own_episode = records[:, :1] == anchor_ids
     else:
-        own_episode = records == batch.episode_ids.unsqueeze(1)
-    counted = learning & valid & own_episode
-    if mask is not None:
-        counted = counted & mask
-    return counted, errors
+        own_episode = records == anchor_ids
+    if not bool(own_episode.all()):
+        counted = counted & own_episode
+    if kept_mask is not None:
+        counted = counted & kept_mask
+    return counted, kept_errors

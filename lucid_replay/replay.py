@@ -395,7 +395,9 @@ class SequenceReplay:
             return self._windows(anchors, window, self._target(device))
 
     def _windows(self, anchors: Anchors, window: Window, target: torch.device) -> WindowBatch:
-        records = windows.expand(self._table, anchors.episode_ids, anchors.steps, window)
+        records = windows.expand(
+            self._table, anchors.rows, anchors.episode_ids, anchors.steps, window
+        )
         shape = records.valid.shape
         data = self._gather_runs(
             records.first_offsets,

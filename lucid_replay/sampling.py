@@ -20,7 +20,8 @@ from collections import OrderedDict
 import attrs
 import torch
 
-from lucid_replay import sum_tree
+from lucid_replay import arrays, sum_tree
+from lucid_replay.arrays import Array
 from lucid_replay.errors import ReuseLimitError
 from lucid_replay.storage import EpisodeTable
 
@@ -29,9 +30,10 @@ __all__: list[str] = []  # internal module
 _MAX_TREES = 8  # distinct spans kept at once; the least recently used tree is dropped beyond
 
 
-def eligible_anchors(lengths: torch.Tensor, span: int) -> torch.Tensor:
+def eligible_anchors(lengths: Array, span: int) -> Array:
     """Number of anchors whose ``span``-step learning region fits in an episode, elementwise."""
-    return (lengths - (span - 1)).clamp_min(0)
+    anchors = lengths - (span - 1)
+    return anchors * (anchors > 0)  # max(anchors, 0) as numpy and torch both spell it
 
 
 @attrs.frozen(eq=False)
@@ -87,17 +89,22 @@ class AnchorSampler:
         self._trees.clear()
         self._generation = self.table.generation
 
-    def leaf_values(self, rows: torch.Tensor, span: int, prioritized: bool) -> torch.Tensor:
-        """The leaf mass of table ``rows`` in the tree for ``(span, prioritized)`` (float64)."""
-        table = self.table
-        live = table.is_stored(table.episode_id[rows])
+    def leaf_values(self, rows: Array, span: int, prioritized: bool) -> Array:
+        """The leaf mass of table ``rows`` in the tree for ``(span, prioritized)``.
+
+        ``rows`` and the result are of the table's `EpisodeTable.arrays` engine; the mass is an
+        integer, bool or float64 array, exact when stored in the float64 tree.
+        """
+        table, column = self.table, self.table.arrays
+        ids = column["episode_id"][rows]
+        live = (ids >= table.first_id) & (ids < table.next_id)
         if self.reuse_limit is not None:
-            live &= table.times_sampled[rows] < self.reuse_limit
-        count = eligible_anchors(table.length[rows], span)
-        mass = count.to(torch.float64) if self.unit == "chunk" else (count > 0).to(torch.float64)
+            live = live & (column["times_sampled"][rows] < self.reuse_limit)
+        count = eligible_anchors(column["length"][rows], span)
+        mass = count if self.unit == "chunk" else count > 0
         if prioritized:
-            mass = mass * table.priority[rows] ** self.alpha
-        return torch.where(live, mass, torch.zeros_like(mass))
+            mass = mass * column["priority"][rows] ** self.alpha
+        return mass * live
 
     def tree(self, span: int, prioritized: bool) -> torch.Tensor:
         """The up-to-date tree for ``(span, prioritized)``, built on first use.
@@ -111,13 +118,14 @@ class AnchorSampler:
         cached = self._trees.get(key)
         every = self.table.row_count
         if cached is None or cached.stale:
-            rows = torch.arange(every, device=self.table.device)
-            cached = _CachedTree(sum_tree.build(self.leaf_values(rows, span, prioritized)))
+            rows = arrays.engine(torch.arange(every, device=self.table.device))
+            leaves = arrays.tensor(self.leaf_values(rows, span, prioritized))
+            cached = _CachedTree(sum_tree.build(leaves))
             self._trees[key] = cached
             if len(self._trees) > _MAX_TREES:
                 self._trees.popitem(last=False)
         elif cached.pending:
-            rows = cached.take_pending(self.table.device)
+            rows = arrays.engine(cached.take_pending(self.table.device))
             sum_tree.assign_leaves(cached.nodes, rows, self.leaf_values(rows, span, prioritized))
         self._trees.move_to_end(key)
         return cached.nodes
@@ -144,37 +152,48 @@ class AnchorSampler:
         generator is rewound and nothing changes.
         """
         tree = self.tree(span, prioritized)
+        column = self.table.arrays
         if self.reuse_limit is None:
             rows, steps = self._draw_rows(tree, batch_size, span, generator)
+            arrays.add_at(column["times_sampled"], rows, 1)
         else:
-            rows, steps = self._draw_within_limit(tree, batch_size, span, generator)
-        table = self.table
-        if self.reuse_limit is None:
-            table.times_sampled.index_add_(0, rows, torch.ones_like(rows))
-        else:
-            limit = self.reuse_limit
-            before = table.times_sampled[rows]
-            table.times_sampled.index_add_(0, rows, torch.ones_like(rows))
-            after = table.times_sampled[rows]
-            retired_now = (before < limit) & (after >= limit) & _first_occurrence(rows)
-            self.episodes_retired += retired_now.sum()
-            self.mark_dirty(rows)
+            drawn_rows, drawn_steps = self._draw_within_limit(tree, batch_size, span, generator)
+            self._count_draws_within_limit(drawn_rows)
+            rows, steps = arrays.engine(drawn_rows), arrays.engine(drawn_steps)
         weights = None
         if prioritized:
-            scaled = table.priority[rows] ** self.alpha
+            scaled = column["priority"][rows] ** self.alpha
             # (N P_i)^-beta / max_j (N P_j)^-beta: N and the normaliser cancel.
-            weights = ((scaled.min() / scaled) ** beta).to(torch.float32)
-        return Anchors(rows, table.episode_id[rows], steps, weights)
+            weights = arrays.tensor(arrays.cast((scaled.min() / scaled) ** beta, torch.float32))
+        return Anchors(
+            arrays.tensor(rows),
+            arrays.tensor(column["episode_id"][rows]),
+            arrays.tensor(steps),
+            weights,
+        )
+
+    def _count_draws_within_limit(self, rows: torch.Tensor) -> None:
+        """Count the draws of ``rows``; episodes reaching the limit retire (leaf 0)."""
+        assert self.reuse_limit is not None
+        times_sampled = self.table.times_sampled
+        before = times_sampled[rows]
+        times_sampled.index_add_(0, rows, torch.ones_like(rows))
+        after = times_sampled[rows]
+        retiring = (before < self.reuse_limit) & (after >= self.reuse_limit)
+        self.episodes_retired += (retiring & _first_occurrence(rows)).sum()
+        self.mark_dirty(rows)
 
     def _draw_rows(
         self, tree: torch.Tensor, count: int, span: int, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[Array, Array]:
+        """``count`` rows by leaf mass and a uniform eligible step in each (`arrays` engine)."""
         uniforms = torch.rand(
             (count, 2), dtype=torch.float64, generator=generator, device=generator.device
         ).to(self.table.device)
-        rows = sum_tree.search(tree, uniforms[:, 0] * sum_tree.total(tree))
-        anchors = eligible_anchors(self.table.length[rows], span)
-        steps = (uniforms[:, 1] * anchors).long().minimum(anchors - 1)
+        drawn = arrays.engine(uniforms)
+        rows = sum_tree.search(tree, drawn[:, 0] * arrays.engine(sum_tree.total(tree)))
+        anchors = eligible_anchors(self.table.arrays["length"][rows], span)
+        steps = arrays.minimum(arrays.cast(drawn[:, 1] * anchors, torch.int64), anchors - 1)
         return rows, steps
 
     def _draw_within_limit(
@@ -202,9 +221,8 @@ class AnchorSampler:
                         f"{self.reuse_limit} for the eligible episodes "
                         f"({self._draws_left(span)}), got {batch_size}"
                     )
-                new_rows, new_steps = self._draw_rows(
-                    tree, batch_size - rows.numel(), span, generator
-                )
+                drawn = self._draw_rows(tree, batch_size - rows.numel(), span, generator)
+                new_rows, new_steps = arrays.tensor(drawn[0]), arrays.tensor(drawn[1])
                 every = torch.cat([rows, new_rows])
                 rank = _occurrence_rank(every)
                 allowance = self.reuse_limit - self.table.times_sampled[every]
@@ -247,14 +265,13 @@ class _CachedTree:
             self.stale, self.pending, self.pending_count = True, [], 0
 
     def take_pending(self, device: torch.device) -> torch.Tensor:
-        """The pending rows, sorted and unique; clears them."""
+        """The pending rows (a row may repeat: its leaf is recomputed twice, alike); clears them."""
         ints = [row for row in self.pending if isinstance(row, int)]
         parts = [row.reshape(-1) for row in self.pending if not isinstance(row, int)]
         if ints:
             parts.append(torch.tensor(ints, dtype=torch.int64, device=device))
         self.pending, self.pending_count = [], 0
-        rows: torch.Tensor = torch.unique(torch.cat(parts))
-        return rows
+        return torch.cat(parts)
 
 
 def _occurrence_rank(values: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from lucid_replay import arrays
+from lucid_replay.arrays import Array
+
 __all__: list[str] = []  # internal module
 
 _INITIAL_TABLE_SLOTS = 1024
@@ -53,7 +56,7 @@ class TransitionRing:
                 store[begin:].copy_(values[:first])
                 store[: length - first].copy_(values[first:])
 
-    def slots(self, offsets: torch.Tensor, oldest_offset: int) -> torch.Tensor:
+    def slots(self, offsets: Array, oldest_offset: int) -> Array:
         """Ring slots of stored global ``offsets`` (all in ``[oldest_offset, oldest + capacity)``).
 
         ``offset % capacity`` without an integer division: offsets relative to the ring lap of
@@ -107,24 +110,17 @@ class TransitionRing:
         records; ``exact=None`` means none are).
 
         Each run is read as one block through a strided view of the ring, which copies about
-        30% faster than gathering its records one by one; runs across the ring's seam and the
-        inexact records are then repaired with a per-record gather. When more than a quarter
-        of the records need repair (windows much longer than the episodes), every record is
-        gathered one by one instead.
+        30% faster than gathering its records one by one, and the inexact records are then
+        repaired with a per-record gather. A batch with a run across the ring's seam (rare in
+        a large ring), or with more than a quarter of its records to repair (windows much
+        longer than the episodes), is gathered record by record instead.
         """
         span = 1 + stride * (size - 1)
-        if span > self.capacity:  # no run fits in the ring as a block
+        firsts = arrays.engine(first_offsets) % self.capacity  # raw offsets may be negative
+        if span > self.capacity or not bool((firsts <= self.capacity - span).all()):
             return self.gather(self.slots(offsets, oldest_offset), out)
-        firsts = torch.remainder(first_offsets, self.capacity)  # raw offsets may be negative
-        inside = firsts <= self.capacity - span
-        repair = None if exact is None else ~exact
-        if not bool(inside.all()):  # runs across the seam: read anything, repair every record
-            firsts = torch.where(inside, firsts, 0)
-            across = (~inside).unsqueeze(1).expand(-1, size)
-            repair = across if repair is None else repair | across
-        where = None if repair is None else repair.reshape(-1).nonzero().squeeze(1)
-        if where is not None and where.numel() * 4 > first_offsets.numel() * size:
-            # Mostly clamped (short episodes): block reads would mostly be thrown away.
+        where = None if exact is None else arrays.flat_nonzero(~arrays.engine(exact))
+        if where is not None and where.shape[0] * 4 > first_offsets.shape[0] * size:
             return self.gather(self.slots(offsets, oldest_offset), out)
         result = {}
         for name, store in self.fields.items():
@@ -133,15 +129,15 @@ class TransitionRing:
                 (self.capacity - span + 1, size, *rest),
                 (store.stride(0), stride * store.stride(0), *store.stride()[1:]),
             )
-            if out is None:
-                result[name] = runs.index_select(0, firsts)
-            else:
-                result[name] = torch.index_select(runs, 0, firsts, out=out[name])
-        if where is not None and where.numel():
-            slots = self.slots(offsets.reshape(-1)[where], oldest_offset)
+            target = None if out is None else out[name]
+            result[name] = torch.index_select(runs, 0, arrays.tensor(firsts), out=target)
+        if where is not None and where.shape[0]:
+            repaired = arrays.engine(offsets).reshape(-1)[where]
+            slots = arrays.tensor(self.slots(repaired, oldest_offset))
+            records = arrays.tensor(where)
             for name, store in self.fields.items():
                 flat = result[name].view(-1, *store.shape[1:])
-                flat.index_copy_(0, where, store.index_select(0, slots))
+                flat.index_copy_(0, records, store.index_select(0, slots))
         return result
 
 
@@ -155,7 +151,8 @@ class EpisodeTable:
     Columns are tensors on the storage device: ``episode_id``, ``start`` (global offset of step
     0), ``length``, ``terminated``, ``times_sampled`` and ``priority``. ``start`` and ``length``
     have host mirrors (numpy; the same memory on CPU) for host-side bookkeeping without
-    device round trips.
+    device round trips. ``arrays`` holds the columns as the sampler computes on them (see
+    `lucid_replay.arrays`).
     """
 
     def __init__(self, device: torch.device, initial_priority: float = 1.0) -> None:
@@ -170,6 +167,8 @@ class EpisodeTable:
 
     # ----------------------------------------------------------------------------- layout
     def _allocate(self, slots: int) -> None:
+        self.row_count = slots  # rows allocated, a power of two
+
         def column(dtype: torch.dtype, fill: float | int | bool) -> torch.Tensor:
             return torch.full((slots,), fill, dtype=dtype, device=self.device)
 
@@ -179,19 +178,13 @@ class EpisodeTable:
         self.terminated = column(torch.bool, False)
         self.times_sampled = column(torch.int64, 0)
         self.priority = column(torch.float64, self._initial_priority)
+        # The columns as the sampler's index arithmetic reads them (see `arrays`): numpy views
+        # of the same memory on CPU, where a scalar write also costs ~0.1 us instead of ~2 us.
+        self.arrays = {name: arrays.engine(column) for name, column in self.columns.items()}
         if self.device.type == "cpu":
-            # numpy views share the columns' memory: scalar writes through them cost ~0.1 us,
-            # a torch scalar write ~2 us, and `add` makes six of them.
-            self._row_views = {name: column.numpy() for name, column in self.columns.items()}
-            self.host_start, self.host_length = self._row_views["start"], self._row_views["length"]
+            self.host_start, self.host_length = self.arrays["start"], self.arrays["length"]
         else:
-            self._row_views = {}
             self.host_start, self.host_length = self.start.cpu().numpy(), self.length.cpu().numpy()
-
-    @property
-    def row_count(self) -> int:
-        """Number of rows allocated (a power of two)."""
-        return int(self.episode_id.shape[0])
 
     @property
     def columns(self) -> dict[str, torch.Tensor]:
@@ -205,7 +198,7 @@ class EpisodeTable:
             "priority": self.priority,
         }
 
-    def rows_of(self, episode_ids: torch.Tensor) -> torch.Tensor:
+    def rows_of(self, episode_ids: Array) -> Array:
         """Row of each stored id (meaningful only for ids in ``[first_id, next_id)``)."""
         return episode_ids & (self.row_count - 1)
 
@@ -223,14 +216,15 @@ class EpisodeTable:
         """Number of stored transitions."""
         return self.next_offset - self.oldest_offset
 
-    def is_stored(self, episode_ids: torch.Tensor) -> torch.Tensor:
+    def is_stored(self, episode_ids: Array) -> Array:
         """Elementwise ``first_id <= id < next_id``."""
         return (episode_ids >= self.first_id) & (episode_ids < self.next_id)
 
     def stored_rows(self) -> torch.Tensor:
         """Rows of all stored episodes, oldest first (O(E); not for hot paths)."""
         ids = torch.arange(self.first_id, self.next_id, device=self.device)
-        return self.rows_of(ids)
+        rows: torch.Tensor = self.rows_of(ids)
+        return rows
 
     # ------------------------------------------------------------------------- mutation
     def append(self, length: int, terminated: bool, priority: float) -> tuple[int, int, int]:
@@ -250,12 +244,9 @@ class EpisodeTable:
             "times_sampled": 0,
             "priority": priority,
         }
-        if self._row_views:
-            for name, value in values.items():
-                self._row_views[name][row] = value
-        else:
-            for name, value in values.items():
-                self.columns[name][row] = value
+        for name, value in values.items():
+            self.arrays[name][row] = value
+        if self.device.type != "cpu":
             self.host_start[row], self.host_length[row] = start, length
         self.next_id += 1
         self.next_offset += length
@@ -293,8 +284,8 @@ class EpisodeTable:
             self.oldest_offset = int(self.host_start[self.row_of(self.first_id)])
         rows = ids & (self.row_count - 1)
         transitions = self.oldest_offset - offset_before
-        if self._row_views:
-            unsampled = int(np.count_nonzero(self._row_views["times_sampled"][rows] == 0))
+        if self.device.type == "cpu":
+            unsampled = int(np.count_nonzero(self.arrays["times_sampled"][rows] == 0))
             return torch.from_numpy(rows), transitions, unsampled
         device_rows = torch.from_numpy(rows).to(self.device)
         return device_rows, transitions, (self.times_sampled[device_rows] == 0).sum()

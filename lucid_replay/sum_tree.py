@@ -8,20 +8,18 @@ in place give bitwise-identical nodes, and a subtree of zero leaves sums to exac
 
 Sums are float64 because float32 sums drift under many updates, and the search can then walk
 into zero-mass leaves or past the end; the search below additionally never enters a subtree
-whose mass is zero. This module imports nothing from lucid_replay.
+whose mass is zero.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 import numpy as np
 import torch
 
-__all__: list[str] = []  # internal module
+from lucid_replay import arrays
+from lucid_replay.arrays import Array
 
-# The step loops take numpy views of CPU tensors (same memory) or the tensors themselves.
-_Array = TypeVar("_Array", np.ndarray, torch.Tensor)
+__all__: list[str] = []  # internal module
 
 
 def leaf_count(tree: torch.Tensor) -> int:
@@ -60,48 +58,53 @@ def set_leaves(tree: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) 
     """Set leaves ``indices`` to ``values`` in place and refresh their ancestors.
 
     Indices may come in any order; duplicates reduce with ``max``. Cost O(k log n) for k
-    indices (one sort, then `assign_leaves`).
-    """
-    if indices.numel() == 0:
-        return
-    # Sorting (unique) puts siblings together; scatter brings each value to its sorted index.
-    unique, inverse = torch.unique(indices, return_inverse=True)
-    reduced = torch.full(unique.shape, -torch.inf, dtype=tree.dtype, device=tree.device)
-    assign_leaves(tree, unique, reduced.scatter_reduce_(0, inverse, values.to(tree.dtype), "amax"))
-
-
-def assign_leaves(tree: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
-    """`set_leaves` for indices already unique and sorted (no checks): 4 ops per level.
-
-    Ancestors are recomputed from their children (never adjusted by a delta), so no rounding
-    error accumulates and the result is bitwise that of `build`.
+    indices.
     """
     count = leaf_count(tree)
-    nodes = indices + count
-    tree[nodes] = values.to(tree.dtype)
-    if tree.device.type == "cpu":  # numpy runs these tiny steps ~3x faster than torch
-        _refresh_ancestors(tree.numpy(), nodes.numpy(), count.bit_length() - 1)
-    else:
-        _refresh_ancestors(tree, nodes, count.bit_length() - 1)
+    arrays.assign_max(tree[count:], indices, values.to(tree.dtype))
+    refresh(tree, indices)
 
 
-def _refresh_ancestors(tree: _Array, nodes: _Array, levels: int) -> None:
+def assign_leaves(tree: torch.Tensor, indices: Array, values: Array) -> None:
+    """Set leaves ``indices`` to ``values`` (no checks) and recompute their ancestors.
+
+    ``indices`` and ``values`` are tensors or, for a CPU tree, numpy arrays. A repeated index
+    must come with the same value each time.
+    """
+    count = leaf_count(tree)
+    leaf_values = arrays.engine(tree)[count:]
+    leaf_values[indices] = arrays.cast(values, torch.float64)
+    refresh(tree, indices)
+
+
+def refresh(tree: torch.Tensor, indices: Array) -> None:
+    """Recompute the ancestors of leaves ``indices`` (any order, repeats allowed).
+
+    Ancestors are recomputed from their children (never adjusted by a delta), so no rounding
+    error accumulates and the result is bitwise that of `build`. 4 ops per level.
+    """
+    count = leaf_count(tree)
+    nodes = arrays.engine(arrays.tensor(indices)) + count
+    _refresh_ancestors(arrays.engine(tree), nodes, count.bit_length() - 1)
+
+
+def _refresh_ancestors(tree: Array, nodes: Array, levels: int) -> None:
     """Recompute the ``levels`` ancestors of leaf ``nodes`` (numpy arrays or tensors)."""
-    children = tree.reshape(-1, 2)  # row i holds nodes (2 i, 2 i + 1): the children of node i
+    # Node i's children are nodes 2 i and 2 i + 1: element i of these two strided views.
+    left, right = tree[0::2], tree[1::2]
     for _ in range(levels):
         nodes = nodes >> 1
-        # Siblings share a parent; duplicate parents write the same value.
-        pair = children[nodes]
-        tree[nodes] = pair[:, 0] + pair[:, 1]  # numpy's sum(1) costs a ufunc reduce
+        tree[nodes] = left[nodes] + right[nodes]  # duplicate parents write the same value
 
 
-def search(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def search(tree: torch.Tensor, targets: Array) -> Array:
     """Return, for each target in ``[0, total)``, the leaf whose prefix-sum interval holds it.
 
     Leaf ``j`` is returned for ``sum(leaves[:j]) <= target < sum(leaves[:j + 1])``, so a leaf is
     hit with probability proportional to its value when targets are uniform on
     ``[0, total)``. A zero-mass leaf is never returned when ``total > 0``. Cost O(B log n) for B
-    targets: ``log2 n`` vectorised steps of 6 ops.
+    targets: ``log2 n`` vectorised steps of 5 ops. ``targets`` may be a numpy array for a CPU
+    tree; the leaves come back as the same kind of array.
 
     Notes
     -----
@@ -110,27 +113,30 @@ def search(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     targets are searched again with `_guarded_search`, which never enters an empty subtree.
     """
     count = leaf_count(tree)
-    levels = count.bit_length() - 1
-    start = torch.ones(targets.shape, dtype=torch.int64, device=tree.device)
-    remaining = targets.to(torch.float64)
-    if tree.device.type == "cpu":  # numpy runs these tiny steps ~3x faster than torch
-        node = torch.from_numpy(_descend(tree.numpy(), start.numpy(), remaining.numpy(), levels))
+    nodes = arrays.engine(tree)
+    wanted = arrays.cast(arrays.engine(arrays.tensor(targets)), torch.float64)
+    root: Array
+    if isinstance(wanted, np.ndarray):
+        root = np.ones(wanted.shape, dtype=np.int64)
     else:
-        node = _descend(tree, start, remaining, levels)
-    empty = tree[node] <= 0
+        root = torch.ones(wanted.shape, dtype=torch.int64, device=tree.device)
+    node = _descend(nodes, root, wanted, count.bit_length() - 1)
+    empty = nodes[node] <= 0
     if bool(empty.any()):
-        node[empty] = _guarded_search(tree, targets[empty]) + count
-    return node - count
+        again = _guarded_search(tree, arrays.tensor(wanted[empty]))
+        node[empty] = arrays.engine(again) + count
+    found = node - count
+    return found if isinstance(targets, np.ndarray) else arrays.tensor(found)
 
 
-def _descend(tree: _Array, node: _Array, remaining: _Array, levels: int) -> _Array:
-    """The unguarded descent of `search` (numpy arrays or tensors): 6 ops a level."""
+def _descend(tree: Array, node: Array, remaining: Array, levels: int) -> Array:
+    """The unguarded descent of `search` (numpy arrays or tensors): 5 ops a level."""
+    left_children = tree[0::2]  # element i is node i's left child, node 2 i
     for _ in range(levels):
-        node = node * 2  # the left child
-        left = tree[node]
+        left = left_children[node]
         go_right = remaining >= left
         remaining = remaining - left * go_right
-        node = node + go_right
+        node = node + node + go_right
     return node
 
 

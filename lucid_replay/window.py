@@ -15,6 +15,7 @@ from typing import Literal, NamedTuple
 import attrs
 import torch
 
+from lucid_replay import arrays
 from lucid_replay.errors import check_int, must
 from lucid_replay.storage import EpisodeTable
 
@@ -145,41 +146,55 @@ def layout(window: Window, device: torch.device) -> Layout:
 
 
 def expand(
-    table: EpisodeTable, episode_ids: torch.Tensor, anchors: torch.Tensor, window: Window
+    table: EpisodeTable,
+    rows: torch.Tensor,
+    episode_ids: torch.Tensor,
+    anchors: torch.Tensor,
+    window: Window,
 ) -> Records:
-    """Expand anchors ``(episode_ids, anchors)`` (stored ids, int64 ``[B]``) into records.
+    """Expand anchors ``(episode_ids, anchors)`` into records.
 
-    One vectorised computation for the whole batch; cost O(B W), plus O(n log E) for the n
-    records that ``include_reset`` sends into other episodes.
+    ``episode_ids`` are stored ids and ``rows`` their table rows (int64 ``[B]`` each). One
+    vectorised computation for the whole batch; cost O(B W), plus O(n log E) for the n records
+    that ``include_reset`` sends into other episodes. Per-window quantities are computed on the
+    table's `arrays` engine, the ``[B, W]`` ones in torch.
     """
-    rows = table.rows_of(episode_ids)
-    last = (table.length[rows] - 1).unsqueeze(1)
-    starts = table.start[rows].unsqueeze(1)
-    anchor = anchors.unsqueeze(1)
-    record, step_offset, _ = layout(window, anchors.device)
+    column, where = table.arrays, arrays.engine(rows)
+    last = column["length"][where] - 1
+    anchor = arrays.engine(anchors)
     if window.boundary == "stop":
         to_last_record = window.dilation * (window.length + window.bootstrap - 1)
-        overrun = (to_last_record - (last - anchor)).clamp_min(0)
-        anchor = anchor - torch.minimum(overrun, anchor)
-    target = anchor + step_offset
+        overrun = to_last_record - (last - anchor)
+        anchor = anchor - arrays.minimum(overrun * (overrun > 0), anchor)
+    # Record k targets step anchor + (k - burn_in) * dilation, which rises with k: a window's
+    # valid records are one run, from the first with a target >= 0 (the only record that is
+    # first or at step 0) to the last with a target <= last, and a record is at the last step
+    # (or clamped to it) from the first with a target >= last on: from record 0 if last is 0.
+    first_valid = window.burn_in - anchor // window.dilation
+    first_valid = first_valid * (first_valid > 0)
+    at_last = (window.burn_in - (anchor - last) // window.dilation) * (last > 0)
+    at_last = at_last + window.size * ~column["terminated"][where]  # never if not terminated
+    starts = column["start"][where]
+    first_offset = starts + anchor - window.burn_in * window.dilation
+    record, step_offset, _ = layout(window, rows.device)
+    target = arrays.tensor(anchor).unsqueeze(1) + step_offset
     if window.boundary == "include_reset":
-        return _across_episodes(table, episode_ids, starts, last, target)
-    steps = torch.clamp(target, min=torch.zeros_like(last), max=last)
-    valid = steps == target  # nothing was clamped
-    # Records of one episode are valid on one contiguous run, which starts at the first record
-    # with a non-negative target, k >= burn_in - t // dilation; that record is the only one
-    # that is first or at step 0.
-    first_valid = window.burn_in - torch.div(anchor, window.dilation, rounding_mode="floor")
-    first_valid = first_valid.clamp_min(0)
-    terminal = table.terminated[rows].unsqueeze(1) & (steps == last)
+        return _across_episodes(
+            table,
+            episode_ids,
+            arrays.tensor(starts).unsqueeze(1),
+            arrays.tensor(last).unsqueeze(1),
+            target,
+        )
+    steps = torch.minimum(target.clamp_min(0), arrays.tensor(last).unsqueeze(1))
     return Records(
-        offsets=starts + steps,
-        first_offsets=(starts + target[:, :1]).squeeze(1),
+        offsets=arrays.tensor(starts).unsqueeze(1) + steps,
+        first_offsets=arrays.tensor(first_offset),
         episode_ids=episode_ids.unsqueeze(1).expand_as(target),
         steps=steps,
-        valid=valid,
-        is_init=record == first_valid,
-        terminal=terminal,
+        valid=steps == target,  # nothing was clamped
+        is_init=record == arrays.tensor(first_valid).unsqueeze(1),
+        terminal=record >= arrays.tensor(at_last).unsqueeze(1),
     )
 
 

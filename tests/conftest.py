@@ -37,3 +37,12 @@ def episode_factory():
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(params=["numpy", "torch"])
+def index_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the index arithmetic on numpy views (what CPU storage uses) and on
+    tensors (what an accelerator uses), so the accelerator's code path is tested on CPU too.
+    """
+    monkeypatch.setattr(lucid_replay.arrays, "numpy_on_cpu", request.param == "numpy")
+    return str(request.param)

@@ -30,6 +30,8 @@ from lucid_replay import (
     WindowBatch,
 )
 
+pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+
 F, T = False, True
 PREFETCH_THREAD = "lucid_replay-prefetch"
 

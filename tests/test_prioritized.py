@@ -24,6 +24,8 @@ from lucid_replay import (
     sum_tree,
 )
 
+pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+
 ACCEPT = 1e-3  # fixed seeds: a pass is a pass; this only sets how lucky a seed had to be
 REJECT = 1e-6
 DRAWS = 20_000

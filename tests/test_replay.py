@@ -28,6 +28,8 @@ from lucid_replay import (
     Window,
 )
 
+pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+
 REQUIRED_STATS = {
     "episodes_added",
     "transitions_added",

@@ -18,7 +18,7 @@ from conftest import make_episode
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lucid_replay import SequenceReplay
+from lucid_replay import SequenceReplay, arrays
 
 CAPACITY = 13
 
@@ -179,3 +179,14 @@ ReplayModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestReplayModel = ReplayModel.TestCase
+
+
+class TestReplayModelOnTensorArithmetic(ReplayModel.TestCase):  # type: ignore[misc,valid-type]
+    """The same machine with the index arithmetic on tensors (an accelerator's code path)."""
+
+    def setUp(self) -> None:
+        self._numpy_on_cpu = arrays.numpy_on_cpu
+        arrays.numpy_on_cpu = False
+
+    def tearDown(self) -> None:
+        arrays.numpy_on_cpu = self._numpy_on_cpu

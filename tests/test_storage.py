@@ -24,6 +24,8 @@ from lucid_replay import (
     UnknownEpisodeError,
 )
 
+pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+
 
 def _snapshot(buffer: SequenceReplay) -> tuple:
     """Everything a refused call must leave unchanged."""

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from lucid_replay import sum_tree
 
+pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+
 SETTINGS = settings(max_examples=80, deadline=None)
 
 # Leaf values: many exact zeros (zero-mass subtrees), small integers (ties on boundaries),

@@ -26,6 +26,8 @@ from lucid_replay import (
     WindowBatch,
 )
 
+pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+
 F, T = False, True
 
 # The standard buffer: episodes of lengths [4, 2, 6], the second terminated; nothing evicted.

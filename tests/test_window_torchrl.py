@@ -33,7 +33,9 @@ with warnings.catch_warnings():
     from torchrl.data import LazyTensorStorage, ReplayBuffer
     from torchrl.data.replay_buffers import Sequence
 
-from lucid_replay import Episode, SequenceReplay, Window
+from lucid_replay import Episode, SequenceReplay, Window, arrays
+
+pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
 
 # (length, terminated): length-1 and length-2 episodes, terminated and truncated mixed.
 EPISODES = [(5, True), (1, False), (2, True), (7, False), (1, True), (3, False), (2, False)]
@@ -71,8 +73,10 @@ def _torchrl_episode(length: int, terminated: bool, first_serial: int) -> Tensor
 
 
 @functools.cache
-def _layout(name: str):
-    """Build both buffers for a layout; returns what the tests compare (cached per layout)."""
+def _layout(name: str, numpy_on_cpu: bool):
+    """Build both buffers for a layout; returns what the tests compare (cached per layout and
+    index engine, which a buffer fixes when it is built).
+    """
     written = (PREFIX if name == "wrapped" else []) + EPISODES
     stored_total = sum(length for length, _ in EPISODES)
     capacity = stored_total if name == "wrapped" else FLAT_CAPACITY
@@ -108,7 +112,9 @@ def _layout(name: str):
 
 
 def _both(layout, boundary, length, burn_in, bootstrap, dilation):
-    ours, storage, episode_ids, anchor_steps, first_serial, anchors = _layout(layout)
+    ours, storage, episode_ids, anchor_steps, first_serial, anchors = _layout(
+        layout, arrays.numpy_on_cpu
+    )
     window = Window(
         length,
         burn_in=burn_in,
