@@ -50,6 +50,13 @@ def cast(values: Array, dtype: torch.dtype) -> Array:
     return values.to(dtype)
 
 
+def concatenate(parts: list[Array]) -> Array:
+    """The 1-d arrays ``parts`` (one engine, at least one) end to end."""
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    return torch.cat(parts)
+
+
 def minimum(first: Array, second: Array) -> Array:
     """Elementwise minimum of two arrays of one engine."""
     if isinstance(first, np.ndarray):

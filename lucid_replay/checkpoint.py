@@ -162,7 +162,7 @@ def unpack_into(buffer: SequenceReplay, state: Mapping[str, Any]) -> None:
     buffer._sampler.invalidate()
     buffer._sampler.episodes_retired.fill_(retired)
     buffer._counts = counts
-    buffer._evicted_unsampled.fill_(evicted_unsampled)
+    buffer._evicted_unsampled = evicted_unsampled
     buffer._generator.set_state(rng)
     buffer._load_extra_state(extra)
 

@@ -109,7 +109,8 @@ class SequenceReplay:
             ("episodes_added", "transitions_added", "episodes_evicted", "transitions_evicted"), 0
         )
         self._counts["chunks_sampled"] = 0
-        self._evicted_unsampled = torch.zeros((), dtype=torch.int64, device=self._device)
+        # An int on CPU; on a device a 0-d tensor, so that eviction never waits for the device.
+        self._evicted_unsampled: int | torch.Tensor = 0
 
     # ------------------------------------------------------------------------ properties
     @property
@@ -204,9 +205,11 @@ class SequenceReplay:
             raise TypeError(f"episode must be an Episode, got {type(episode).__name__}")
         if len(episode) > self._capacity:
             raise must("episode length", f"<= capacity ({self._capacity})", len(episode))
-        incoming: Schema = {n: (tuple(t.shape[1:]), t.dtype) for n, t in episode.steps.items()}
+        incoming = episode.schema
         if schema is None:
-            return incoming
+            return dict(incoming)
+        if incoming == schema:
+            return schema
         if set(incoming) != set(schema):
             missing, extra = (
                 sorted(set(schema) - set(incoming)),
@@ -237,7 +240,7 @@ class SequenceReplay:
         episode_id, row, start = self._table.append(
             length, episode.terminated, self._new_episode_priority()
         )
-        self._ring.write(start, episode.steps)
+        self._ring.write(start, episode.steps, episode._host_steps)
         self._sampler.mark_dirty(row)
         self._counts["episodes_added"] += 1
         self._counts["transitions_added"] += length
@@ -248,7 +251,7 @@ class SequenceReplay:
 
     def _evict(self, count: int) -> None:
         rows, transitions, unsampled = self._table.evict_oldest(count)
-        self._evicted_unsampled += unsampled
+        self._evicted_unsampled = self._evicted_unsampled + unsampled
         self._sampler.mark_dirty(rows)
         self._counts["episodes_evicted"] += count
         self._counts["transitions_evicted"] += transitions

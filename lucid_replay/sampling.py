@@ -125,7 +125,7 @@ class AnchorSampler:
             if len(self._trees) > _MAX_TREES:
                 self._trees.popitem(last=False)
         elif cached.pending:
-            rows = arrays.engine(cached.take_pending(self.table.device))
+            rows = cached.take_pending(self.table.device)
             sum_tree.assign_leaves(cached.nodes, rows, self.leaf_values(rows, span, prioritized))
         self._trees.move_to_end(key)
         return cached.nodes
@@ -264,14 +264,17 @@ class _CachedTree:
         if self.pending_count * 8 > row_count:  # k log E updates would exceed an O(E) build
             self.stale, self.pending, self.pending_count = True, [], 0
 
-    def take_pending(self, device: torch.device) -> torch.Tensor:
-        """The pending rows (a row may repeat: its leaf is recomputed twice, alike); clears them."""
+    def take_pending(self, device: torch.device) -> Array:
+        """The pending rows, as `arrays` engine; clears them.
+
+        A row may repeat: its leaf is then recomputed twice, alike.
+        """
+        parts = [arrays.engine(row).reshape(-1) for row in self.pending if not isinstance(row, int)]
         ints = [row for row in self.pending if isinstance(row, int)]
-        parts = [row.reshape(-1) for row in self.pending if not isinstance(row, int)]
         if ints:
-            parts.append(torch.tensor(ints, dtype=torch.int64, device=device))
+            parts.append(arrays.engine(torch.tensor(ints, dtype=torch.int64, device=device)))
         self.pending, self.pending_count = [], 0
-        return torch.cat(parts)
+        return arrays.concatenate(parts)
 
 
 def _occurrence_rank(values: torch.Tensor) -> torch.Tensor:

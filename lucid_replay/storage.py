@@ -35,6 +35,7 @@ class TransitionRing:
         self.capacity = capacity
         self.device = device
         self.fields: dict[str, torch.Tensor] = {}
+        self._host_fields: dict[str, np.ndarray] | None = None
 
     def allocate(self, schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
         """Create the storage tensors for ``schema`` (name -> (per-step shape, dtype))."""
@@ -42,19 +43,38 @@ class TransitionRing:
             name: torch.empty((self.capacity, *shape), dtype=dtype, device=self.device)
             for name, (shape, dtype) in schema.items()
         }
+        try:  # numpy views of the same memory, for `write`
+            self._host_fields = {name: store.numpy() for name, store in self.fields.items()}
+        except TypeError:  # not on CPU, or a dtype numpy lacks
+            self._host_fields = None
 
-    def write(self, offset: int, steps: Mapping[str, torch.Tensor]) -> None:
-        """Copy ``steps`` (``[T, ...]`` each) to the slots of offsets ``offset .. offset+T-1``."""
+    def write(
+        self,
+        offset: int,
+        steps: Mapping[str, torch.Tensor],
+        host_steps: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Copy ``steps`` (``[T, ...]`` each) to the slots of offsets ``offset .. offset+T-1``.
+
+        ``host_steps``, numpy views of ``steps``, make the copies numpy assignments into views
+        of a CPU ring: about 0.5 us a field instead of 2 us for `Tensor.copy_`.
+        """
         begin = offset % self.capacity
         length = next(iter(steps.values())).shape[0]
         first = min(length, self.capacity - begin)  # the rest wraps across the seam
-        for name, values in steps.items():
-            store = self.fields[name]
+        stores: Mapping[str, Array]
+        sources: Mapping[str, Array]
+        if host_steps is not None and self._host_fields is not None:
+            stores, sources = self._host_fields, host_steps
+        else:  # detached: copying a tensor that requires grad would put the ring in its graph
+            stores, sources = self.fields, {name: t.detach() for name, t in steps.items()}
+        for name, values in sources.items():
+            store = stores[name]
             if first == length:
-                store[begin : begin + length].copy_(values)
+                store[begin : begin + length] = values
             else:
-                store[begin:].copy_(values[:first])
-                store[: length - first].copy_(values[first:])
+                store[begin:] = values[:first]
+                store[: length - first] = values[first:]
 
     def slots(self, offsets: Array, oldest_offset: int) -> Array:
         """Ring slots of stored global ``offsets`` (all in ``[oldest_offset, oldest + capacity)``).
@@ -262,6 +282,9 @@ class EpisodeTable:
         if lowest_kept_offset <= self.oldest_offset:
             return 0
         mask = self.row_count - 1
+        second = self.first_id + 1  # an add into a full buffer most often evicts one episode
+        if second == self.next_id or self.host_start[second & mask] >= lowest_kept_offset:
+            return 1
         first_kept = bisect.bisect_left(
             range(self.first_id, self.next_id),
             lowest_kept_offset,

@@ -93,6 +93,24 @@ def test_fields_cannot_be_rebound(attribute):
 # ------------------------------------------------------------------------------- errors
 
 
+def test_schema_states_per_step_shapes_and_dtypes():
+    episode = Episode({"obs": torch.zeros(3, 4, 2), "done": [False, False, True]})
+    assert dict(episode.schema) == {"obs": ((4, 2), torch.float32), "done": ((), torch.bool)}
+    with pytest.raises(TypeError):
+        episode.schema["obs"] = ((1,), torch.float32)  # type: ignore[index]
+
+
+def test_host_views_exist_only_when_every_field_has_one():
+    """Every field a CPU tensor numpy can view: views of the same memory; otherwise none."""
+    obs = torch.zeros(3, 2)
+    viewed = Episode({"obs": obs, "flag": [True, False, True]})
+    assert viewed._host_steps is not None
+    obs[0, 0] = 7.0
+    assert viewed._host_steps["obs"][0, 0] == 7.0
+    assert Episode({"obs": obs, "half": torch.zeros(3, dtype=torch.bfloat16)})._host_steps is None
+    assert Episode({"obs": obs.clone().requires_grad_()})._host_steps is None
+
+
 def test_empty_mapping_is_refused():
     """An empty mapping raises ValueError saying it is empty."""
     with pytest.raises(ValueError, match="empty mapping"):

@@ -22,6 +22,7 @@ from scipy import stats as scipy_stats
 from lucid_replay import (
     Batch,
     CheckpointError,
+    Episode,
     PrioritizedSequenceReplay,
     ReuseLimitError,
     SequenceReplay,
@@ -875,3 +876,23 @@ def test_concurrent_adds_and_samples_never_tear_a_chunk():
         assert first_serial_of[episode_id] == first
     assert len(buffer) <= 300
     assert list(buffer.episode_ids) == list(range(buffer.episode_ids.start, len(first_serial_of)))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        torch.arange(7, dtype=torch.bfloat16),  # no numpy view: copied with Tensor.copy_
+        torch.arange(7, dtype=torch.float32).requires_grad_(),  # neither
+        torch.arange(7, dtype=torch.float32),  # copied through numpy views
+    ],
+    ids=["bfloat16", "requires_grad", "float32"],
+)
+def test_add_stores_every_kind_of_field_exactly_across_the_seam(values):
+    """Both copy paths of `add` store the steps, also when an episode wraps the ring's seam."""
+    buffer = SequenceReplay(capacity=10, seed=0)
+    buffer.add(Episode({"x": values[:5].detach().clone()}))
+    wrapped = buffer.add(Episode({"x": values}))
+    assert buffer.episode_ids == range(1, 2)
+    stored = buffer[wrapped]["x"]
+    assert stored.dtype == values.dtype and not stored.requires_grad
+    assert torch.equal(stored, values.detach())
