@@ -116,13 +116,23 @@ def evaluate(rows: list[Row]) -> list[Bar]:
             "{:.1f}x faster",
         ),
         (
-            "add (256-step episode) vs memcpy of its bytes",
+            "add (256-step episode) vs memcpy of its bytes into ring memory",
             "<= 3x memcpy",
             "add.lucid",
             "add.memcpy",
             3.0,
             True,
             "add.lucid",
+            "{:.1f}x",
+        ),
+        (
+            "add vs cache-hot memcpy (informative)",
+            "<= 3x copy",
+            "add.lucid",
+            "add.memcpy_hot",
+            3.0,
+            True,
+            "",
             "{:.1f}x",
         ),
         (
@@ -311,7 +321,7 @@ def plot(path: Path, rows: list[Row], title: str) -> None:
     labels = [textwrap.shorten(r.label, 62, placeholder="...") for r in main]
     colours = [
         "#555555"
-        if r.id in ("floor", "add.memcpy", "add.copy_fields")
+        if r.id in ("floor", "add.memcpy", "add.memcpy_hot", "add.copy_fields")
         else "#1f77b4"
         if r.id.startswith(("lucid", "add.lucid"))
         else "#ff7f0e"

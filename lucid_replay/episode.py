@@ -108,8 +108,9 @@ class Episode:
     Notes
     -----
     The episode is frozen: fields cannot be re-bound. The tensors are the caller's (no copy is
-    made here); a buffer copies them when the episode is added, so mutating them afterwards
-    never changes stored data.
+    made here); a buffer copies them when the episode is added, so mutating their values
+    afterwards never changes stored data. Their shapes are read once, here: do not resize them
+    in place.
 
     Examples
     --------
