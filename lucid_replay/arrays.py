@@ -114,7 +114,15 @@ def assign_max(target: Array, indices: Array, values: Array) -> None:
 
 
 def count_distinct(values: Array) -> int:
-    """How many distinct values ``values`` holds (a host synchronisation on a device)."""
-    if isinstance(values, np.ndarray):
-        return int(np.unique(values).shape[0])
-    return int(torch.unique(values).numel())
+    """How many distinct values the 1-d ``values`` holds (a host synchronisation on a device)."""
+    if values.shape[0] == 0:
+        return 0
+    ordered: Array = np.sort(values) if isinstance(values, np.ndarray) else values.sort().values
+    return int((ordered[1:] != ordered[:-1]).sum()) + 1
+
+
+def from_ints(values: list[int], device: torch.device) -> Array:
+    """An int64 vector of ``values``, as the engine of ``device`` holds it."""
+    if numpy_on_cpu and device.type == "cpu":
+        return np.array(values, dtype=np.int64)
+    return torch.tensor(values, dtype=torch.int64, device=device)

@@ -272,7 +272,7 @@ class _CachedTree:
         parts = [arrays.engine(row).reshape(-1) for row in self.pending if not isinstance(row, int)]
         ints = [row for row in self.pending if isinstance(row, int)]
         if ints:
-            parts.append(arrays.engine(torch.tensor(ints, dtype=torch.int64, device=device)))
+            parts.append(arrays.from_ints(ints, device))
         self.pending, self.pending_count = [], 0
         return arrays.concatenate(parts)
 

@@ -68,8 +68,9 @@ class TransitionRing:
             stores, sources = self._host_fields, host_steps
         else:  # detached: copying a tensor that requires grad would put the ring in its graph
             stores, sources = self.fields, {name: t.detach() for name, t in steps.items()}
-        for name, values in sources.items():
-            store = stores[name]
+        for name in sources:
+            store: Array = stores[name]
+            values: Array = sources[name]
             if first == length:
                 store[begin : begin + length] = values
             else:

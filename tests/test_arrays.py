@@ -1,0 +1,92 @@
+"""`lucid_replay.arrays`: each helper gives the same result on numpy arrays and on tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lucid_replay import arrays
+
+
+def _both(values: list, dtype: torch.dtype) -> tuple[np.ndarray, torch.Tensor]:
+    tensor = torch.tensor(values, dtype=dtype)
+    return tensor.numpy().copy(), tensor
+
+
+def _same(from_numpy: np.ndarray, from_torch: torch.Tensor) -> None:
+    assert isinstance(from_numpy, np.ndarray) and isinstance(from_torch, torch.Tensor)
+    np.testing.assert_array_equal(from_numpy, from_torch.numpy())
+    assert from_numpy.dtype == from_torch.numpy().dtype
+
+
+def test_engine_is_a_numpy_view_on_cpu_unless_switched_off(monkeypatch):
+    tensor = torch.zeros(3)
+    view = arrays.engine(tensor)
+    view[1] = 5.0
+    assert tensor[1] == 5.0
+    assert arrays.tensor(view).data_ptr() == tensor.data_ptr()
+    monkeypatch.setattr(arrays, "numpy_on_cpu", False)
+    assert arrays.engine(tensor) is tensor
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32, torch.float64])
+def test_cast(dtype):
+    host, device = _both([0.0, 1.5, -2.0], torch.float64)
+    _same(arrays.cast(host, dtype), arrays.cast(device, dtype))
+
+
+def test_minimum_where_row_max_and_flat_nonzero():
+    first, first_t = _both([[3, -1, 7], [0, 2, 2]], torch.int64)
+    second, second_t = _both([[1, 4, 7], [5, -3, 9]], torch.int64)
+    _same(arrays.minimum(first, second), arrays.minimum(first_t, second_t))
+    _same(arrays.where(first > 1, first, 0), arrays.where(first_t > 1, first_t, 0))
+    _same(arrays.row_max(first), arrays.row_max(first_t))
+    _same(arrays.flat_nonzero(first > 1), arrays.flat_nonzero(first_t > 1))
+    assert arrays.flat_nonzero(first > 1).tolist() == [0, 2, 4, 5]
+
+
+def test_all_finite():
+    for values in ([1.0, 2.0], [1.0, float("nan")], [float("-inf")]):
+        host, device = _both(values, torch.float32)
+        assert arrays.all_finite(host) == arrays.all_finite(device) == np.isfinite(values).all()
+
+
+def test_concatenate_and_from_ints(monkeypatch):
+    parts, parts_t = zip(*(_both(v, torch.int64) for v in ([1, 2], [3], [4, 5])), strict=True)
+    _same(arrays.concatenate(list(parts)), arrays.concatenate(list(parts_t)))
+    host = arrays.from_ints([7, 8], torch.device("cpu"))
+    assert isinstance(host, np.ndarray) and host.tolist() == [7, 8]
+    monkeypatch.setattr(arrays, "numpy_on_cpu", False)
+    assert torch.equal(arrays.from_ints([7, 8], torch.device("cpu")), torch.tensor([7, 8]))
+
+
+def test_add_at_counts_repeated_indices_once_each():
+    target, target_t = _both([0, 0, 0, 0], torch.int64)
+    indices, indices_t = _both([1, 3, 1, 1], torch.int64)
+    arrays.add_at(target, indices, 2)
+    arrays.add_at(target_t, indices_t, 2)
+    _same(target, target_t)
+    assert target.tolist() == [0, 6, 0, 2]
+
+
+def test_assign_max_keeps_the_largest_value_of_a_repeated_index():
+    """Whatever value the plain assignment leaves for a repeated index, the max wins."""
+    generator = np.random.default_rng(0)
+    for _ in range(20):
+        indices = generator.integers(0, 5, size=12)
+        values = generator.normal(size=12)
+        expected = np.full(5, 9.0)
+        for index in np.unique(indices):
+            expected[index] = values[indices == index].max()
+        target, target_t = np.full(5, 9.0), torch.full((5,), 9.0, dtype=torch.float64)
+        arrays.assign_max(target, indices, values)
+        arrays.assign_max(target_t, torch.from_numpy(indices), torch.from_numpy(values))
+        np.testing.assert_array_equal(target, expected)
+        np.testing.assert_array_equal(target_t.numpy(), expected)
+
+
+@pytest.mark.parametrize("values", [[], [4], [3, 3, 3], [5, 1, 5, 2, 1, 9]])
+def test_count_distinct(values):
+    host, device = _both(values, torch.int64)
+    assert arrays.count_distinct(host) == arrays.count_distinct(device) == len(set(values))
