@@ -17,8 +17,8 @@ class Config:
     bootstrap: int = 5
     dilation: int = 1
     add_len: int = 256  # the episode added by the add / loop rows
-    reps: int = 30
-    warmup: int = 5
+    reps: int = 100
+    warmup: int = 10
     alpha: float = 0.6
     beta: float = 0.4
     # Scaling rows: stored transitions (reference episodes), and episode counts at a fixed

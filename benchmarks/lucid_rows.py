@@ -10,7 +10,7 @@ import torch
 from benchmarks.config import Config
 from benchmarks.data import Dataset, cycled_episode, record_bytes
 from benchmarks.rows import Row, available_bytes
-from benchmarks.timing import measure
+from benchmarks.timing import Timing, measure, measure_rounds
 from lucid_replay import Episode, PrioritizedSequenceReplay, Window
 
 
@@ -49,7 +49,7 @@ def add_episode(config: Config, dataset: Dataset) -> Episode:
     return Episode({k: v.clone() for k, v in steps.items()})
 
 
-def floor_row(config: Config, dataset: Dataset) -> Row:
+def floor_call(config: Config, dataset: Dataset) -> Callable[[], object]:
     """One ``index_select`` per field of ``B x W`` records from preallocated flat tensors.
 
     Each call gathers a fresh set of random windows (64 index sets prepared beforehand and
@@ -73,53 +73,68 @@ def floor_row(config: Config, dataset: Dataset) -> Row:
         index = indices[next(calls) % len(indices)]
         return {k: v.index_select(0, index) for k, v in fields.items()}
 
-    timing = measure(gather, reps=config.reps, warmup=config.warmup)
-    moved = indices[0].numel() * record_bytes(fields)
-    return Row.timed(
-        "floor",
-        f"gather floor: index_select of {config.batch}x{config.window_size} records",
-        timing,
-        note=f"{moved / 1e6:.2f} MB gathered ({len(fields)} fields)",
-        extra={"bytes": moved},
-    )
+    return gather
 
 
-def sampling_rows(config: Config, buffer: PrioritizedSequenceReplay) -> list[Row]:
+def sampling_rows(
+    config: Config, dataset: Dataset, buffer: PrioritizedSequenceReplay | None
+) -> list[Row]:
+    """The gather floor and, given a buffer, lucid_replay's ``sample_windows`` rows.
+
+    The floor and the two sample-only rows are timed in rounds (`measure_rounds`), so their
+    ratios compare calls made under the same load. Sample + update runs on its own
+    afterwards: its priority updates would make the next prioritized draw refresh its tree.
+    """
     window = reference_window(config)
     errors = window_errors(config)
     batch = config.batch
-
-    def uniform() -> object:
-        return buffer.sample_windows(batch, window, prioritized=False)
-
-    def prioritized() -> object:
-        return buffer.sample_windows(batch, window)
+    calls: dict[str, Callable[[], object]] = {"floor": floor_call(config, dataset)}
+    if buffer is not None:
+        calls["lucid.uniform"] = lambda: buffer.sample_windows(batch, window, prioritized=False)
+        calls["lucid.prioritized"] = lambda: buffer.sample_windows(batch, window)
+    timings = measure_rounds(calls, reps=config.reps, warmup=config.warmup)
+    moved = config.batch * config.window_size * record_bytes(dataset.fields)
+    rows = [
+        Row.timed(
+            "floor",
+            f"gather floor: index_select of {config.batch}x{config.window_size} records",
+            timings["floor"],
+            note=f"{moved / 1e6:.2f} MB gathered ({len(dataset.fields)} fields)",
+            extra={"bytes": moved},
+        )
+    ]
+    if buffer is None:
+        return rows
 
     def prioritized_update() -> object:
         drawn = buffer.sample_windows(batch, window)
         return buffer.update_priorities_from(drawn, errors)
 
-    common = {"reps": config.reps, "warmup": config.warmup}
     return [
+        *rows,
         Row.timed(
-            "lucid.uniform",
-            "lucid_replay sample_windows, uniform",
-            measure(uniform, **common),
+            "lucid.uniform", "lucid_replay sample_windows, uniform", timings["lucid.uniform"]
         ),
         Row.timed(
             "lucid.prioritized",
             "lucid_replay sample_windows, prioritized",
-            measure(prioritized, **common),
+            timings["lucid.prioritized"],
         ),
         Row.timed(
             "lucid.prioritized_update",
             "lucid_replay prioritized sample_windows + update_priorities_from",
-            measure(prioritized_update, **common),
+            measure(prioritized_update, reps=config.reps, warmup=config.warmup),
         ),
     ]
 
 
-def loop_row(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode) -> Row:
+LOOP_LABEL = "lucid_replay loop: add {}-step episode + sample + update"
+
+
+def loop_call(
+    config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
+) -> Callable[[], object]:
+    """One training-loop step: add an episode, sample windows, route their errors."""
     window = reference_window(config)
     errors = window_errors(config)
 
@@ -128,11 +143,11 @@ def loop_row(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
         drawn = buffer.sample_windows(config.batch, window)
         return buffer.update_priorities_from(drawn, errors)
 
-    return Row.timed(
-        "lucid.loop",
-        f"lucid_replay loop: add {config.add_len}-step episode + sample + update",
-        measure(step, reps=config.reps, warmup=config.warmup),
-    )
+    return step
+
+
+def loop_row(config: Config, timing: Timing) -> Row:
+    return Row.timed("lucid.loop", LOOP_LABEL.format(config.add_len), timing)
 
 
 def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode) -> list[Row]:

@@ -8,6 +8,7 @@ a PNG plot next to it, and prints the markdown tables.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import datetime
 import os
@@ -24,6 +25,7 @@ from benchmarks import lucid_rows, naive_rows, report, scaling, torchrl_rows
 from benchmarks.config import QUICK, REFERENCE, Config
 from benchmarks.data import cycled_episode, reference_dataset
 from benchmarks.rows import Row, release
+from benchmarks.timing import measure
 
 GROUPS = ("floor", "lucid", "naive", "torchrl", "add", "memory", "scale.T", "scale.E", "device")
 
@@ -58,7 +60,34 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results", help="results folder"
     )
+    parser.add_argument(
+        "--glibc-malloc-defaults",
+        action="store_true",
+        help="keep glibc's malloc thresholds (see steady_malloc): every row that allocates "
+        "multi-MB outputs then pays page faults on a random share of its calls",
+    )
     return parser.parse_args(argv)
+
+
+def steady_malloc() -> str:
+    """Make glibc keep freed batch memory for reuse instead of returning it to the kernel.
+
+    With the default, dynamic thresholds, glibc now and then trims the 7.5 MB that a freed
+    batch leaves at the top of the heap, and the next batch faults ~1,800 fresh pages back in
+    (about +2.5 ms on this machine). Which calls pay depends on the order of allocations, so
+    the penalty lands at random on a quarter of the calls of one row and on almost none of
+    another's. Fixed thresholds apply to every row alike (floor, lucid_replay, TorchRL,
+    naive); PyTorch's CPU performance guide recommends a caching allocator for the same
+    reason. Returns what was set, for the results' metadata.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        # mallopt(M_MMAP_THRESHOLD = -3), mallopt(M_TRIM_THRESHOLD = -1); 1 means success
+        if libc.mallopt(-3, 64 << 20) == 1 and libc.mallopt(-1, 512 << 20) == 1:
+            return "glibc mallopt: mmap threshold 64 MiB, trim threshold 512 MiB"
+    except OSError:
+        pass
+    return "allocator defaults (glibc mallopt not available)"
 
 
 def machine() -> dict[str, Any]:
@@ -100,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    allocator = "glibc defaults" if args.glibc_malloc_defaults else steady_malloc()
     load_before = os.getloadavg()
     began = time.perf_counter()
     torch.manual_seed(config.seed)
@@ -114,28 +144,37 @@ def main(argv: list[str] | None = None) -> int:
     steps = cycled_episode(dataset, 12_345, config.add_len, terminated=False)
     episode_steps = {k: v.clone() for k, v in steps.items()}
 
-    if only("floor"):
-        rows.append(lucid_rows.floor_row(config, dataset))
     needs_buffer = any(only(p) for p in ("lucid", "memory", "add"))
     if needs_buffer:
         log("lucid_replay: filling the reference buffer")
         buffer = lucid_rows.build(config, dataset)
-        if only("lucid"):
-            rows += lucid_rows.sampling_rows(config, buffer)
-        if only("memory"):
-            rows += lucid_rows.memory_rows(config, buffer)
-            rows.append(torchrl_rows.torchrl_memory_row(config))
+    if only("floor") or only("lucid"):
+        log("gather floor and lucid_replay sampling, in rounds")
+        sampled = buffer if only("lucid") else None
+        rows += [row for row in lucid_rows.sampling_rows(config, dataset, sampled) if only(row.id)]
+    if needs_buffer and only("memory"):
+        rows += lucid_rows.memory_rows(config, buffer)
+        rows.append(torchrl_rows.torchrl_memory_row(config))
     if only("naive"):
         log("naive baseline")
         rows += naive_rows.naive_rows(config, dataset, errors, episode_steps)
-    if only("torchrl"):
-        log("TorchRL")
-        rows += torchrl_rows.torchrl_rows(config, dataset, errors, episode_steps, only)
+    loop_timing = None
     if needs_buffer:
         episode = lucid_rows.add_episode(config, dataset)
+    if only("torchrl"):
+        log("TorchRL (its loop in rounds with lucid_replay's)")
+        partner = lucid_rows.loop_call(config, buffer, episode) if only("lucid.loop") else None
+        torchrl, loop_timing = torchrl_rows.torchrl_rows(
+            config, dataset, errors, episode_steps, only, partner
+        )
+        rows += torchrl
+    if needs_buffer:
         if only("lucid.loop"):
-            log("lucid_replay loop")
-            rows.append(lucid_rows.loop_row(config, buffer, episode))
+            if loop_timing is None:
+                log("lucid_replay loop")
+                step = lucid_rows.loop_call(config, buffer, episode)
+                loop_timing = measure(step, reps=config.reps, warmup=config.warmup)
+            rows.append(lucid_rows.loop_row(config, loop_timing))
         if only("add"):
             log("add")
             rows += lucid_rows.add_rows(config, buffer, episode)
@@ -160,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - began, 1),
-        "machine": machine(),
+        "machine": {**machine(), "allocator": allocator},
         "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
         "config": dataclasses.asdict(config),
     }
@@ -173,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({info['torch_threads']} threads), torchrl {info.get('torchrl', '?')}; {command}"
     )
     report.plot(args.out / f"{name}.png", rows, title)
-    print(f"Machine: {title}\n")
+    print(f"Machine: {title}\nAllocator: {allocator}\n")
     print(report.markdown(rows, bars))
     log(f"wrote {args.out / (name + '.json')} and {name}.png")
     return 0

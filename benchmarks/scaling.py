@@ -7,6 +7,7 @@ contents do not matter to the timings), one size at a time, and freed before the
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ from benchmarks.data import Dataset, cycled_episode, episode_lengths
 from benchmarks.lucid_rows import fits, reference_window, scaled_buffer, window_errors
 from benchmarks.naive import NaiveSequenceReplay
 from benchmarks.rows import Row, release
-from benchmarks.timing import Timing, measure
+from benchmarks.timing import Timing, measure, measure_rounds
 from lucid_replay import PrioritizedSequenceReplay, Window
 
 
@@ -37,7 +38,7 @@ def _naive(
     return naive
 
 
-def _time_floor(config: Config, fields: dict[str, torch.Tensor], size: int) -> Timing:
+def _floor_call(config: Config, fields: dict[str, torch.Tensor], size: int) -> Callable[[], object]:
     """The gather floor at this size: fresh random windows from the buffer's own storage."""
     generator = torch.Generator().manual_seed(config.seed + 11)
     record = torch.arange(config.window_size)
@@ -54,16 +55,7 @@ def _time_floor(config: Config, fields: dict[str, torch.Tensor], size: int) -> T
         index = indices[next(calls) % len(indices)]
         return {k: v.index_select(0, index) for k, v in fields.items()}
 
-    return measure(gather, reps=config.reps, warmup=config.warmup)
-
-
-def _time_sample(
-    config: Config, buffer: PrioritizedSequenceReplay, window: Window, prioritized: bool
-) -> Timing:
-    def sample() -> object:
-        return buffer.sample_windows(config.batch, window, prioritized=prioritized)
-
-    return measure(sample, reps=config.reps, warmup=config.warmup)
+    return gather
 
 
 def _time_sample_update(
@@ -96,13 +88,25 @@ def _time_naive(
 
 
 def transition_rows(config: Config, source: Dataset, only: Callable[[str], bool]) -> list[Row]:
+    """Sample time at each stored-transition count, every size timed in the same rounds.
+
+    All buffers are built first and each round samples every size once, so no size finds its
+    data in cache from its own previous call: a 10k-transition ring (2.7 MB) would otherwise
+    be read from cache on every call, which no learner that runs a network between samples
+    sees. It also puts every size under the same load.
+    """
     rows: list[Row] = []
     window = reference_window(config)
     rng = np.random.default_rng(config.seed + 3)
     group = "scale_transitions"
+    buffers: dict[int, PrioritizedSequenceReplay] = {}
+    lengths_of: dict[int, list[int]] = {}
+    calls: dict[str, Callable[[], object]] = {}
+    labels: dict[str, tuple[str, dict[str, object]]] = {}
+    built = 0
     for size in config.scale_transitions:
         tag = _label(size)
-        if not fits(config, size, copies=2.0):
+        if not fits(config, built + size, copies=2.0):
             reason = f"{size} transitions need more memory than this machine has free"
             for series in ("uniform", "prioritized"):
                 rows.append(
@@ -114,33 +118,38 @@ def transition_rows(config: Config, source: Dataset, only: Callable[[str], bool]
                     )
                 )
             continue
-        lengths = episode_lengths(size, config.min_len, config.max_len, rng)
-        buffer = scaled_buffer(config, size, lengths.__getitem__, len(lengths), source)
+        lengths = lengths_of[size] = episode_lengths(size, config.min_len, config.max_len, rng)
+        buffer = buffers[size] = scaled_buffer(
+            config, size, lengths.__getitem__, len(lengths), source
+        )
+        built += size
         extra = {"transitions": size, "episodes": buffer.num_episodes}
         if only("scale.T.floor") or only(f"scale.T.{tag}"):
-            rows.append(
-                Row.timed(
-                    f"scale.T.{tag}.floor",
-                    f"gather floor (index_select from the same ring), {tag} transitions",
-                    _time_floor(config, buffer._ring.fields, size),
-                    group=group,
-                    extra={**extra, "series": "gather floor"},
-                )
+            key = f"scale.T.{tag}.floor"
+            calls[key] = _floor_call(config, buffer._ring.fields, size)
+            labels[key] = (
+                f"gather floor (index_select from the same ring), {tag} transitions",
+                {**extra, "series": "gather floor"},
             )
         for series, prioritized in (("uniform", False), ("prioritized", True)):
             if only(f"scale.T.{series}") or only(f"scale.T.{tag}"):
-                rows.append(
-                    Row.timed(
-                        f"scale.T.{tag}.{series}",
-                        f"lucid_replay {series} sample_windows, {tag} transitions",
-                        _time_sample(config, buffer, window, prioritized),
-                        group=group,
-                        extra={**extra, "series": f"lucid {series}"},
-                    )
+                key = f"scale.T.{tag}.{series}"
+                calls[key] = functools.partial(
+                    buffer.sample_windows, config.batch, window, prioritized=prioritized
                 )
-        del buffer
-        release()
+                labels[key] = (
+                    f"lucid_replay {series} sample_windows, {tag} transitions",
+                    {**extra, "series": f"lucid {series}"},
+                )
+    timings = measure_rounds(calls, reps=config.reps, warmup=config.warmup) if calls else {}
+    for key, timing in timings.items():
+        label, extra = labels[key]
+        rows.append(Row.timed(key, label, timing, group=group, extra=extra))
+    buffers.clear()
+    release()
+    for size, lengths in lengths_of.items():
         if only("scale.T.naive") and len(lengths) <= config.naive_max_episodes:
+            tag = _label(size)
             naive = _naive(config, size, lengths.__getitem__, len(lengths), source)
             rows.append(
                 Row.timed(
@@ -148,7 +157,7 @@ def transition_rows(config: Config, source: Dataset, only: Callable[[str], bool]
                     f"naive prioritized sample, {tag} transitions",
                     _time_naive(config, naive, None, allow_partial=False),
                     group=group,
-                    extra={**extra, "series": "naive prioritized"},
+                    extra={"transitions": size, "series": "naive prioritized"},
                 )
             )
             del naive

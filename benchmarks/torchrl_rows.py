@@ -19,7 +19,7 @@ import torch
 from benchmarks.config import Config
 from benchmarks.data import Dataset
 from benchmarks.rows import Row, release
-from benchmarks.timing import measure
+from benchmarks.timing import Timing, measure, measure_rounds
 
 LABELS = {
     "torchrl.uniform": "TorchRL ReplayBuffer + Sequence, RandomSampler",
@@ -62,7 +62,13 @@ def torchrl_rows(
     errors: torch.Tensor,
     episode: dict[str, torch.Tensor],
     only: Callable[[str], bool],
-) -> list[Row]:
+    partner_loop: Callable[[], object] | None = None,
+) -> tuple[list[Row], Timing | None]:
+    """TorchRL's rows, and the timing of ``partner_loop`` (lucid_replay's loop step), which is
+    timed in alternating blocks with TorchRL's loop so that the 4x bar compares calls made
+    under the same load (None when TorchRL's loop is not measured).
+    """
+    partner: Timing | None = None
     try:
         from tensordict import TensorDict
         from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
@@ -76,7 +82,7 @@ def torchrl_rows(
     except ImportError as error:
         return [
             Row.not_measured(k, v, f"torchrl not importable ({error})") for k, v in LABELS.items()
-        ]
+        ], None
     logging.getLogger("torchrl").setLevel(logging.WARNING)
 
     capacity = config.transitions
@@ -163,11 +169,17 @@ def torchrl_rows(
                     )
                 )
             if only("torchrl.loop"):
+                loops = {"torchrl.loop": loop}
+                if partner_loop is not None:
+                    loops["partner"] = partner_loop
+                # Blocks of 10: each loop runs in its steady state, the load is shared.
+                timings = measure_rounds(loops, block=10, **common)
+                partner = timings.get("partner")
                 rows.append(
                     Row.timed(
                         "torchrl.loop",
                         LABELS["torchrl.loop"],
-                        measure(loop, **common),
+                        timings["torchrl.loop"],
                         note="each extend invalidates the boundary cache",
                     )
                 )
@@ -210,7 +222,7 @@ def torchrl_rows(
             )
             del rb
             release()
-    return rows
+    return rows, partner
 
 
 def torchrl_memory_row(config: Config) -> Row:
