@@ -14,6 +14,9 @@ TORCH       ?= torch==2.13.0
 DEMO        ?= examples/r2d2_cartpole.py
 VENV_BENCH  ?= .venv-bench
 TORCH_BENCH ?= torch==2.14.1
+# One torch thread: on the shared 2-core machine, two intra-op threads make every parallel op
+# wait for a pre-empted thread (see docs/benchmarks.md). `make bench BENCH_ARGS=--quick` etc.
+BENCH_ARGS  ?= --threads 1
 SITE_DIR    ?= site
 # Two xdist workers: the suite is CPU-bound Python (Hypothesis, chi-square checks, small tensors),
 # so two workers on the 2-core reference machine nearly halve it, for a fixed ~6 s of worker
@@ -76,7 +79,7 @@ $(BENCH_STAMP): pyproject.toml
 	touch $@
 
 bench: $(BENCH_STAMP)
-	$(BENCH_BIN)/python -m benchmarks.run
+	$(BENCH_BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VENV_BENCH) $(SITE_DIR) build dist *.egg-info \

@@ -21,6 +21,7 @@ import torch
 from benchmarks import lucid_rows
 from benchmarks.config import QUICK, REFERENCE
 from benchmarks.data import reference_dataset
+from benchmarks.run import steady_malloc
 
 
 def _cprofile(call: Callable[[], object], calls: int, top: int) -> str:
@@ -81,6 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    steady_malloc()  # as the benchmark runner does
     config = QUICK if args.quick else REFERENCE
     dataset = reference_dataset(config)
     buffer = lucid_rows.build(config, dataset)
