@@ -297,13 +297,14 @@ def _counted_records(
     valid, kept_errors = arrays.engine(batch.validity_mask), arrays.engine(errors)
     records = arrays.engine(batch.record_episode_ids)
     kept_mask = None if mask is None else arrays.engine(mask)
-    columns = arrays.flat_nonzero(arrays.engine(learning[0])) if learning.shape[0] else None
+    columns = None
+    if learning.stride(0) == 0 and learning.shape[0]:  # one learning mask shared by every row
+        columns = arrays.flat_nonzero(arrays.engine(learning[0]))
     if (
-        learning.stride(0) == 0
-        and columns is not None
+        columns is not None
         and columns.shape[0]
         and int(columns[-1]) + 1 - int(columns[0]) == columns.shape[0]
-    ):  # one shared, contiguous learning region, as every Window has
+    ):  # and one contiguous learning region, as every Window has
         kept = slice(int(columns[0]), int(columns[-1]) + 1)
         counted, kept_errors, records = valid[:, kept], kept_errors[:, kept], records[:, kept]
         kept_mask = None if kept_mask is None else kept_mask[:, kept]

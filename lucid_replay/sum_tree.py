@@ -81,7 +81,7 @@ def refresh(tree: torch.Tensor, indices: Array) -> None:
     """Recompute the ancestors of leaves ``indices`` (any order, repeats allowed).
 
     Ancestors are recomputed from their children (never adjusted by a delta), so no rounding
-    error accumulates and the result is bitwise that of `build`. 4 ops per level.
+    error accumulates and the result is bitwise that of `build`. 5 ops per level.
     """
     count = leaf_count(tree)
     nodes = arrays.engine(arrays.tensor(indices)) + count
@@ -103,7 +103,7 @@ def search(tree: torch.Tensor, targets: Array) -> Array:
     Leaf ``j`` is returned for ``sum(leaves[:j]) <= target < sum(leaves[:j + 1])``, so a leaf is
     hit with probability proportional to its value when targets are uniform on
     ``[0, total)``. A zero-mass leaf is never returned when ``total > 0``. Cost O(B log n) for B
-    targets: ``log2 n`` vectorised steps of 5 ops. ``targets`` may be a numpy array for a CPU
+    targets: ``log2 n`` vectorised steps of 6 ops. ``targets`` may be a numpy array for a CPU
     tree; the leaves come back as the same kind of array.
 
     Notes
@@ -130,7 +130,7 @@ def search(tree: torch.Tensor, targets: Array) -> Array:
 
 
 def _descend(tree: Array, node: Array, remaining: Array, levels: int) -> Array:
-    """The unguarded descent of `search` (numpy arrays or tensors): 5 ops a level."""
+    """The unguarded descent of `search` (numpy arrays or tensors): 6 ops a level."""
     left_children = tree[0::2]  # element i is node i's left child, node 2 i
     for _ in range(levels):
         left = left_children[node]
