@@ -97,6 +97,11 @@ class Episode:
         ``True`` when the last step reached a terminal state (nothing to bootstrap from);
         ``False`` when the episode was truncated or the rollout simply stopped.
 
+    Attributes
+    ----------
+    schema
+        Field name -> ``(per-step shape, dtype)``, in the form of a buffer's ``schema``.
+
     Raises
     ------
     InvalidArgumentError
@@ -110,7 +115,8 @@ class Episode:
     The episode is frozen: fields cannot be re-bound. The tensors are the caller's (no copy is
     made here); a buffer copies them when the episode is added, so mutating their values
     afterwards never changes stored data. Their shapes are read once, here: do not resize them
-    in place.
+    in place. An episode pickles, for example through a multiprocessing queue from an actor
+    process, as its steps and ``terminated``.
 
     Examples
     --------
@@ -123,7 +129,6 @@ class Episode:
     steps: Mapping[str, torch.Tensor] = attrs.field(converter=_to_tensor_steps)
     terminated: bool = attrs.field(default=False, kw_only=True, converter=_as_flag)
     schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] = attrs.field(init=False, repr=False)
-    """Field name -> (per-step shape, dtype), as a buffer's `schema` states it."""
     _length: int = attrs.field(init=False, repr=False)
     # numpy views of the steps when every field has one (CPU, no autograd, a numpy dtype):
     # a buffer on CPU copies through them at a fifth of the per-call cost of `Tensor.copy_`.
@@ -160,6 +165,11 @@ class Episode:
         }
         return cls(stacked, terminated=terminated)
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, torch.Tensor], bool]]:
+        # Pickled (copied, sent through a multiprocessing queue) as its steps and flag only:
+        # the schema and numpy views are rebuilt on load, over the unpickled tensors.
+        return _rebuild, (dict(self.steps), self.terminated)
+
     def __len__(self) -> int:
         return self._length
 
@@ -179,3 +189,8 @@ class Episode:
             for name, t in self.steps.items()
         )
         return f"Episode(T={len(self)}, terminated={self.terminated}, {{{fields}}})"
+
+
+def _rebuild(steps: dict[str, torch.Tensor], terminated: bool) -> Episode:
+    """Unpickle an `Episode`."""
+    return Episode(steps, terminated=terminated)

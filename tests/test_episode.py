@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import attrs
 import numpy as np
 import pytest
@@ -109,6 +112,18 @@ def test_host_views_exist_only_when_every_field_has_one():
     assert viewed._host_steps["obs"][0, 0] == 7.0
     assert Episode({"obs": obs, "half": torch.zeros(3, dtype=torch.bfloat16)})._host_steps is None
     assert Episode({"obs": obs.clone().requires_grad_()})._host_steps is None
+
+
+def test_pickles_and_copies_with_views_of_its_own_tensors():
+    """A round trip (as through a multiprocessing queue) rebuilds views over the new tensors."""
+    episode = Episode({"obs": torch.arange(6.0).reshape(3, 2), "done": [False, False, True]})
+    for copied in (pickle.loads(pickle.dumps(episode)), copy.deepcopy(episode)):
+        assert copied.terminated is episode.terminated and len(copied) == 3
+        assert dict(copied.schema) == dict(episode.schema)
+        assert torch.equal(copied["obs"], episode["obs"])
+        copied["obs"][0, 0] = 42.0
+        assert copied._host_steps is not None and copied._host_steps["obs"][0, 0] == 42.0
+        assert episode["obs"][0, 0] == 0.0
 
 
 def test_empty_mapping_is_refused():
