@@ -196,7 +196,7 @@ def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
         ),
         Row.timed(
             "add.memcpy_hot",
-            "memcpy of the same bytes into the same cache-hot 69 kB every call",
+            f"memcpy of the same bytes into the same cache-hot {nbytes / 1e3:.0f} kB every call",
             measure(memcpy_hot, **common),
             group="add",
         ),
