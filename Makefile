@@ -28,20 +28,25 @@ BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.lucid-replay-installed
 BENCH_BIN   := $(VENV_BENCH)/bin
 BENCH_STAMP := $(VENV_BENCH)/.lucid-replay-installed
+COMMA       := ,
 
 .PHONY: setup demo test lint typecheck unit docs-build docs bench clean
 
-# torch is installed FIRST and then pinned with a constraint file while the project installs:
-# a bare `torch` requirement would otherwise let pip fetch (or swap in) a multi-GB CUDA build.
-# The stamp lives inside the venv, so deleting the venv also forces a reinstall; editing
-# pyproject.toml re-runs the install in the existing venv.
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install $(TORCH)
-	$(BIN)/python -m pip freeze | grep -i '^torch==' > $(VENV)/torch-constraint.txt
-	$(BIN)/python -m pip install -c $(VENV)/torch-constraint.txt -e ".[dev,test,examples]"
+# $(call install,VENV,TORCH,EXTRAS): create VENV if needed, install TORCH FIRST, then the project
+# with EXTRAS while torch stays pinned by a constraint file: a bare `torch` requirement would
+# otherwise let pip fetch (or swap in) a multi-GB CUDA build. The stamp lives inside the venv,
+# so deleting the venv also forces a reinstall; editing pyproject.toml re-runs the install.
+define install
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --upgrade pip
+	$(1)/bin/python -m pip install $(2)
+	$(1)/bin/python -m pip freeze | grep -i '^torch==' > $(1)/torch-constraint.txt
+	$(1)/bin/python -m pip install -c $(1)/torch-constraint.txt -e ".[$(3)]"
 	touch $@
+endef
+
+$(STAMP): pyproject.toml
+	$(call install,$(VENV),$(TORCH),dev$(COMMA)test$(COMMA)examples)
 
 setup: $(STAMP)
 
@@ -71,12 +76,7 @@ docs: $(STAMP)
 # torch it was built against (2.14.1), hence a separate venv. Note: torch 2.14.1 from PyPI is the
 # CUDA build (~0.5 GB wheel plus several GB of nvidia-* wheels).
 $(BENCH_STAMP): pyproject.toml
-	test -x $(BENCH_BIN)/python || $(PYTHON) -m venv $(VENV_BENCH)
-	$(BENCH_BIN)/python -m pip install --upgrade pip
-	$(BENCH_BIN)/python -m pip install $(TORCH_BENCH)
-	$(BENCH_BIN)/python -m pip freeze | grep -i '^torch==' > $(VENV_BENCH)/torch-constraint.txt
-	$(BENCH_BIN)/python -m pip install -c $(VENV_BENCH)/torch-constraint.txt -e ".[bench]"
-	touch $@
+	$(call install,$(VENV_BENCH),$(TORCH_BENCH),bench)
 
 bench: $(BENCH_STAMP)
 	$(BENCH_BIN)/python -m benchmarks.run $(BENCH_ARGS)

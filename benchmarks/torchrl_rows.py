@@ -10,6 +10,7 @@ hot; the loop row writes every iteration, which invalidates it (as in training).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -114,17 +115,15 @@ def torchrl_rows(
             done_key="done",
         )
 
+    def sample_row(row_id: str, sample: Callable[[], object], note: str) -> Row:
+        """Time a sample-only call (no writes: a ``Sequence`` boundary cache stays hot)."""
+        return Row.timed(row_id, LABELS[row_id], measure(sample, **common), note=note)
+
     rows: list[Row] = []
     if only("torchrl.uniform"):
         rb = buffer(ReplayBuffer, RandomSampler(), unit=sequence(), batch=config.batch)
-        rows.append(
-            Row.timed(
-                "torchrl.uniform",
-                LABELS["torchrl.uniform"],
-                measure(lambda: rb.sample(return_info=True), **common),
-                note="hot boundary cache",
-            )
-        )
+        uniform = functools.partial(rb.sample, return_info=True)  # as Sequence's masks need
+        rows.append(sample_row("torchrl.uniform", uniform, "hot boundary cache"))
         del rb
         release()
 
@@ -151,14 +150,7 @@ def torchrl_rows(
                 sample_update()
 
             if only("torchrl.prioritized"):
-                rows.append(
-                    Row.timed(
-                        "torchrl.prioritized",
-                        LABELS["torchrl.prioritized"],
-                        measure(rb.sample, **common),
-                        note="hot boundary cache",
-                    )
-                )
+                rows.append(sample_row("torchrl.prioritized", rb.sample, "hot boundary cache"))
             if only("torchrl.prioritized_update"):
                 rows.append(
                     Row.timed(
@@ -190,14 +182,8 @@ def torchrl_rows(
     slice_kw["truncated_key"] = None
     if only("torchrl.slice"):
         rb = buffer(ReplayBuffer, SliceSampler(**slice_kw), batch=records)
-        rows.append(
-            Row.timed(
-                "torchrl.slice",
-                LABELS["torchrl.slice"],
-                measure(rb.sample, **common),
-                note="reference only: contiguous slices, no burn-in/bootstrap masks",
-            )
-        )
+        note = "reference only: contiguous slices, no burn-in/bootstrap masks"
+        rows.append(sample_row("torchrl.slice", rb.sample, note))
         del rb
         release()
     if only("torchrl.prioritized_slice"):
@@ -212,14 +198,7 @@ def torchrl_rows(
                 max_capacity=capacity, alpha=config.alpha, beta=config.beta, **slice_kw
             )
             rb = buffer(ReplayBuffer, sampler, batch=records)
-            rows.append(
-                Row.timed(
-                    "torchrl.prioritized_slice",
-                    LABELS["torchrl.prioritized_slice"],
-                    measure(rb.sample, **common),
-                    note="reference only",
-                )
-            )
+            rows.append(sample_row("torchrl.prioritized_slice", rb.sample, "reference only"))
             del rb
             release()
     return rows, partner
