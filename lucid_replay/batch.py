@@ -1,4 +1,9 @@
-"""Batches: gathering records out of the ring and moving them to the learner's device."""
+"""Batches: records gathered out of the ring into tensors on the learner's device.
+
+`chunk_batch` and `window_batch` assemble what a draw (`lucid_replay.sampling`) and its
+expansion (`lucid_replay.window`) describe. Every tensor of a returned batch owns its memory:
+writing into one changes neither storage nor any other batch.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,83 @@ from typing import TypeVar
 import attrs
 import torch
 
+from lucid_replay.sampling import Anchors
 from lucid_replay.storage import TransitionRing
+from lucid_replay.table import EpisodeTable
+from lucid_replay.window import Records, Window, layout
 
 __all__ = ["Batch", "PrioritizedBatch", "WindowBatch"]
 
 _DeviceLike = torch.device | str
 _Moved = TypeVar("_Moved", bound="attrs.AttrsInstance")
+
+
+def chunk_batch(
+    ring: TransitionRing,
+    table: EpisodeTable,
+    anchors: Anchors,
+    length: int,
+    target: torch.device,
+) -> Batch:
+    """``B`` chunks of ``length`` steps starting at ``anchors``, on ``target``.
+
+    With ``anchors.weights`` (a prioritized draw) the result is a `PrioritizedBatch`.
+    """
+    first = table.start[anchors.rows] + anchors.steps
+    offsets = first.unsqueeze(1) + layout(Window(length), ring.device).record
+
+    def read(out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        return ring.gather_runs(first, length, 1, offsets, None, table.oldest_offset, out)
+
+    data = gather(ring, (int(first.shape[0]), length), target, read)
+    episode_ids, starts = anchors.episode_ids.to(target), anchors.steps.to(target)
+    if anchors.weights is None:
+        return Batch(data, episode_ids, starts)
+    return PrioritizedBatch(
+        data=data,
+        episode_ids=episode_ids,
+        starts=starts,
+        indices=episode_ids.clone(),
+        weights=anchors.weights.to(target),
+    )
+
+
+def window_batch(
+    ring: TransitionRing,
+    table: EpisodeTable,
+    anchors: Anchors,
+    records: Records,
+    window: Window,
+    target: torch.device,
+) -> WindowBatch:
+    """The `WindowBatch` of ``records`` (expanded from ``anchors``), on ``target``."""
+
+    def read(out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        return ring.gather_runs(
+            records.first_offsets,
+            window.size,
+            window.dilation,
+            records.offsets,
+            records.valid,  # exactly the records that were not clamped
+            table.oldest_offset,
+            out,
+        )
+
+    shape = tuple(records.valid.shape)
+    per_record = layout(window, target)
+    return WindowBatch(
+        data=gather(ring, (shape[0], shape[1]), target, read),
+        learning_mask=per_record.learning_mask.expand(shape).contiguous(),  # owned, not the cache
+        validity_mask=records.valid.to(target),
+        is_init=records.is_init.to(target),
+        terminal=records.terminal.to(target),
+        record_episode_ids=records.episode_ids.to(target),
+        record_steps=records.steps.to(target),
+        step_in_sequence=per_record.record.expand(shape).contiguous(),
+        episode_ids=anchors.episode_ids.to(target),
+        anchor_steps=anchors.steps.to(target),
+        weights=None if anchors.weights is None else anchors.weights.to(target),
+    )
 
 
 def gather(

@@ -1,45 +1,111 @@
-"""Checkpoints: the versioned state-dict format behind `save`/`load`.
+"""Checkpoints: the versioned state-dict format behind `save`/`load`, and its files.
 
 The state holds only what cannot be recomputed: the stored transitions (in offset order), the
 episode table, counters, the RNG state and, for prioritized buffers, beta and the maximum
 priority. Sum trees are caches of the table and are rebuilt on load; because every node is
 recomputed from its children they come back bitwise identical, so draws after ``load`` equal
 draws without the round trip.
+
+A state is a dict of plain containers and CPU tensors::
+
+    format, version, class, config, schema, table {first_id, next_id, oldest_offset,
+    next_offset, generation, columns}, data, counts, evicted_unsampled, episodes_retired,
+    rng, extra
+
+Files (version 2) add ``checksum``: the SHA-256 of every other entry in a canonical encoding,
+so that a flipped bit anywhere in the payload is refused. Version 1 files, which predate it,
+still load. This module packs and unpacks `Snapshot` records and knows no buffer class: the
+buffers register themselves by name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from pathlib import Path
+from typing import Any
 
+import attrs
 import torch
 
 from lucid_replay.errors import CheckpointError
-from lucid_replay.storage import EpisodeTable, TransitionRing
-
-if TYPE_CHECKING:
-    from lucid_replay.replay import SequenceReplay
+from lucid_replay.schema import Schema
+from lucid_replay.storage import TransitionRing
+from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module
 
 FORMAT = "lucid_replay.buffer"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+COUNTS = (
+    "episodes_added",
+    "transitions_added",
+    "episodes_evicted",
+    "transitions_evicted",
+    "chunks_sampled",
+)
+_KEYS = (
+    "format",
+    "version",
+    "class",
+    "config",
+    "schema",
+    "table",
+    "data",
+    "counts",
+    "evicted_unsampled",
+    "episodes_retired",
+    "rng",
+    "extra",
+)
+_classes: dict[str, type] = {}
 
 
-def pack(buffer: SequenceReplay) -> dict[str, Any]:
-    """The buffer's state as plain containers and CPU tensors."""
-    table = buffer._table
-    schema = buffer._schema or {}
+def register(cls: type) -> None:
+    """Make checkpoints of class ``cls`` loadable by its name."""
+    _classes[cls.__name__] = cls
+
+
+def saved_class(state: Mapping[str, Any]) -> type:
+    """The registered class a checkpoint was saved from."""
+    name = state.get("class")
+    if not isinstance(name, str) or name not in _classes:
+        raise CheckpointError(f"checkpoint class must be one of {sorted(_classes)}, got {name!r}")
+    return _classes[name]
+
+
+@attrs.frozen(eq=False)
+class Snapshot:
+    """Everything a buffer saves, as the objects it computes with."""
+
+    class_name: str
+    config: dict[str, Any]
+    schema: Schema | None
+    table: EpisodeTable
+    ring: TransitionRing
+    counts: dict[str, int]
+    evicted_unsampled: int
+    episodes_retired: int
+    rng: torch.Tensor
+    extra: dict[str, Any]
+
+
+def pack(snapshot: Snapshot) -> dict[str, Any]:
+    """The state of ``snapshot`` as plain containers and CPU tensors (copies)."""
+    table, ring = snapshot.table, snapshot.ring
+    stored = table.num_transitions
     data = {}
-    if buffer._schema is not None and len(buffer):
-        data = {k: v.cpu() for k, v in buffer._ring.read(table.oldest_offset, len(buffer)).items()}
+    if snapshot.schema is not None and stored:
+        data = {k: v.cpu() for k, v in ring.read(table.oldest_offset, stored).items()}
     return {
         "format": FORMAT,
         "version": VERSION,
-        "class": type(buffer).__name__,
-        "config": buffer._config(),
-        "schema": {name: [list(shape), str(dtype)] for name, (shape, dtype) in schema.items()},
+        "class": snapshot.class_name,
+        "config": dict(snapshot.config),
+        "schema": {} if snapshot.schema is None else snapshot.schema.to_state(),
         "table": {
             "first_id": table.first_id,
             "next_id": table.next_id,
@@ -49,16 +115,108 @@ def pack(buffer: SequenceReplay) -> dict[str, Any]:
             "columns": {k: v.cpu().clone() for k, v in table.columns.items()},
         },
         "data": data,
-        "counts": dict(buffer._counts),
-        "evicted_unsampled": int(buffer._evicted_unsampled),
-        "episodes_retired": int(buffer._sampler.episodes_retired),
-        "rng": buffer._generator.get_state(),
-        "extra": buffer._extra_state(),
+        "counts": dict(snapshot.counts),
+        "evicted_unsampled": snapshot.evicted_unsampled,
+        "episodes_retired": snapshot.episodes_retired,
+        "rng": snapshot.rng.clone(),
+        "extra": dict(snapshot.extra),
     }
 
 
-def read(path: str | os.PathLike[str]) -> Mapping[str, Any]:
-    """Load a checkpoint file, refusing anything that is not one."""
+def unpack(state: Mapping[str, Any], *, device: torch.device, capacity: int) -> Snapshot:
+    """A `Snapshot` of ``state`` on ``device``, every structural invariant checked.
+
+    What depends on the buffer loading it (configuration, counters against the table, the
+    RNG against its generator, priorities) is checked by the buffer.
+
+    Raises
+    ------
+    CheckpointError
+        For anything that is not a complete, consistent state of a readable version.
+    """
+    check_header(state)
+    if "checksum" in state:
+        verify(state)
+    missing = [key for key in _KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"state must be a complete checkpoint, got one without {missing}")
+    try:
+        schema = Schema.from_state(state["schema"]) if state["schema"] else None
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {error}") from None
+    saved_table = state["table"]
+    if not isinstance(saved_table, Mapping):
+        raise CheckpointError(f"checkpoint table must be a mapping, got {saved_table!r}")
+    table = EpisodeTable.from_columns(
+        saved_table.get("columns", {}), saved_table, device=device, capacity=capacity
+    )
+    ring = TransitionRing(capacity, device)
+    if schema is None:
+        if table.num_transitions or state["data"]:
+            raise CheckpointError("checkpoint schema must describe its stored data, got none")
+    else:
+        ring.allocate(schema)
+        if table.num_transitions:
+            ring.write(table.oldest_offset, _checked_data(state["data"], schema, table))
+        elif state["data"]:
+            raise CheckpointError("checkpoint data must be empty with no stored transitions")
+    counts = state["counts"]
+    if not isinstance(counts, Mapping) or set(counts) != set(COUNTS):
+        got = sorted(counts) if isinstance(counts, Mapping) else type(counts).__name__
+        raise CheckpointError(f"checkpoint counts must be {sorted(COUNTS)}, got {got}")
+    rng = state["rng"]
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8 or rng.dim() != 1:
+        raise CheckpointError(f"checkpoint rng must be a 1-d uint8 tensor, got {_describe(rng)}")
+    extra = state["extra"]
+    if not isinstance(extra, Mapping):
+        raise CheckpointError(f"checkpoint extra state must be a mapping, got {_describe(extra)}")
+    config = state["config"]
+    if not isinstance(config, Mapping):
+        raise CheckpointError(f"checkpoint configuration must be a mapping, got {config!r}")
+    return Snapshot(
+        class_name=str(state["class"]),
+        config=dict(config),
+        schema=schema,
+        table=table,
+        ring=ring,
+        counts={name: _count(f"counts[{name!r}]", counts[name]) for name in COUNTS},
+        evicted_unsampled=_count("evicted_unsampled", state["evicted_unsampled"]),
+        episodes_retired=_count("episodes_retired", state["episodes_retired"]),
+        rng=rng.clone(),
+        extra=dict(extra),
+    )
+
+
+def check_header(state: object) -> None:
+    """Refuse states of another format or of a version this package cannot read."""
+    if not isinstance(state, Mapping) or state.get("format") != FORMAT:
+        raise CheckpointError(f"state must be a {FORMAT!r} checkpoint, got {_describe(state)}")
+    if state.get("version") not in READABLE_VERSIONS:
+        raise CheckpointError(
+            f"checkpoint version must be one of {READABLE_VERSIONS}, got {state.get('version')!r}"
+        )
+
+
+# ------------------------------------------------------------------------------ files
+def write(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
+    """Write ``state`` with its checksum to ``path`` atomically (a temporary file, a rename)."""
+    target = Path(path)
+    payload = {**state, "checksum": checksum(state)}
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(payload, file)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a checkpoint file, refusing anything that is not one or whose checksum fails.
+
+    Returns the state without its checksum.
+    """
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -69,158 +227,77 @@ def read(path: str | os.PathLike[str]) -> Mapping[str, Any]:
             f"({type(error).__name__})"
         ) from None
     check_header(state)
-    return cast(Mapping[str, Any], state)
+    if state["version"] >= 2:
+        if "checksum" not in state:
+            raise CheckpointError("checkpoint file must carry a checksum, got none")
+        verify(state)
+    return {key: value for key, value in state.items() if key != "checksum"}
 
 
-def check_header(state: object) -> None:
-    """Refuse states of another format or version."""
-    if not isinstance(state, Mapping) or state.get("format") != FORMAT:
-        raise CheckpointError(f"state must be a {FORMAT!r} checkpoint, got {_describe(state)}")
-    if state.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint version must be {VERSION}, got {state.get('version')!r}")
+def checksum(state: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of every entry but ``checksum``, in a canonical encoding."""
+    digest = hashlib.sha256()
+    _feed(digest, {key: value for key, value in state.items() if key != "checksum"})
+    return digest.hexdigest()
 
 
-def construct(state: Mapping[str, Any], device: torch.device | str | None) -> SequenceReplay:
-    """A fresh buffer of the saved class and configuration (not yet loaded)."""
-    from lucid_replay.prioritized import PrioritizedSequenceReplay
-    from lucid_replay.replay import SequenceReplay
-
-    classes = {c.__name__: c for c in (SequenceReplay, PrioritizedSequenceReplay)}
-    check_header(state)
-    if state.get("class") not in classes:
+def verify(state: Mapping[str, Any]) -> None:
+    """Refuse ``state`` unless its ``checksum`` entry matches its contents."""
+    expected = state.get("checksum")
+    if not isinstance(expected, str) or expected != checksum(state):
         raise CheckpointError(
-            f"checkpoint class must be one of {sorted(classes)}, got {state.get('class')!r}"
+            "checkpoint checksum must match its payload, got a mismatch: the file is corrupt"
         )
-    config = dict(state["config"])
-    if device is not None:
-        config["device"] = device
-    return classes[state["class"]](**config)
 
 
-def wrong_class(expected: type, state: Mapping[str, Any]) -> CheckpointError:
-    """The error for loading a checkpoint of one class through an unrelated one."""
-    return CheckpointError(
-        f"checkpoint class must be a {expected.__name__}, got {state.get('class')!r}"
-    )
+def _feed(digest: Any, value: object) -> None:
+    """Hash ``value`` with its type and structure, so equal digests mean equal states."""
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"T{value.dtype}{tuple(value.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().data)
+    elif isinstance(value, Mapping):
+        digest.update(f"M{len(value)}".encode())
+        for key in sorted(value, key=repr):
+            _feed(digest, key)
+            _feed(digest, value[key])
+    elif isinstance(value, list | tuple):
+        digest.update(f"L{len(value)}".encode())
+        for item in value:
+            _feed(digest, item)
+    else:
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
 
 
-def unpack_into(buffer: SequenceReplay, state: Mapping[str, Any]) -> None:
-    """Replace ``buffer``'s contents with ``state``; validate fully before touching anything."""
-    check_header(state)
-    if state.get("class") != type(buffer).__name__:
-        raise wrong_class(type(buffer), state)
-    try:
-        schema = {
-            name: (tuple(int(n) for n in shape), _dtype(dtype))
-            for name, (shape, dtype) in state["schema"].items()
-        }
-        config, saved_table = dict(state["config"]), state["table"]
-        capacity = int(config["capacity"])
-        table = EpisodeTable(buffer.device)
-        columns = saved_table["columns"]
-        slots = int(columns["episode_id"].shape[0])
-        table._allocate(slots)
-        for name, column in table.columns.items():
-            column.copy_(columns[name].to(device=buffer.device, dtype=column.dtype))
-        if buffer.device.type != "cpu":
-            table.host_start[:] = columns["start"].numpy()
-            table.host_length[:] = columns["length"].numpy()
-        table.first_id, table.next_id = int(saved_table["first_id"]), int(saved_table["next_id"])
-        table.oldest_offset = int(saved_table["oldest_offset"])
-        table.next_offset = int(saved_table["next_offset"])
-        table.generation = int(saved_table["generation"])
-        _check_table(table, capacity)
-        ring = TransitionRing(capacity, buffer.device)
-        stored = table.next_offset - table.oldest_offset
-        if schema:
-            ring.allocate(schema)
-            if stored:
-                data = state["data"]
-                _check_data(data, schema, stored)
-                ring.write(table.oldest_offset, data)
-        counts = {k: int(state["counts"][k]) for k in buffer._counts}
-        retired, evicted_unsampled = int(state["episodes_retired"]), int(state["evicted_unsampled"])
-        extra = state["extra"]
-        rng = state["rng"]
-        if not isinstance(rng, torch.Tensor) or rng.shape != buffer._generator.get_state().shape:
-            raise CheckpointError("checkpoint rng must be a state of this buffer's generator")
-        buffer._check_config(config)
-        buffer._check_extra_state(extra)
-    except CheckpointError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as error:
-        raise CheckpointError(
-            f"state must be a complete checkpoint, got one that fails with "
-            f"{type(error).__name__}: {error}"
-        ) from None
-    # Nothing below can fail on a validated state: commit.
-    buffer._capacity = capacity
-    buffer._schema = schema or None
-    buffer._ring = ring
-    buffer._table = table
-    buffer._sampler.table = table
-    buffer._sampler.invalidate()
-    buffer._sampler.episodes_retired.fill_(retired)
-    buffer._counts = counts
-    buffer._evicted_unsampled = evicted_unsampled
-    buffer._generator.set_state(rng)
-    buffer._load_extra_state(extra)
-
-
-def _check_table(table: EpisodeTable, capacity: int) -> None:
-    """Refuse a table whose id and offset ranges contradict each other or the capacity."""
-    rows = table.row_count
-    ids_ok = 0 <= table.first_id <= table.next_id and table.num_episodes <= rows
-    offsets_ok = 0 <= table.oldest_offset <= table.next_offset
-    if not (ids_ok and offsets_ok and rows & (rows - 1) == 0):
-        raise CheckpointError("checkpoint table must hold consistent id and offset ranges")
-    if table.num_transitions > capacity:
-        raise CheckpointError(
-            f"checkpoint transitions must fit its capacity ({capacity}), "
-            f"got {table.num_transitions}"
-        )
-    stored = table.stored_rows()
-    lengths = table.length[stored]
-    if table.num_episodes and (
-        int(lengths.sum()) != table.num_transitions
-        or int(table.start[stored[0]]) != table.oldest_offset
-        or not bool(
-            (
-                table.episode_id[stored]
-                == torch.arange(table.first_id, table.next_id, device=table.device)
-            ).all()
-        )
-    ):
-        raise CheckpointError("checkpoint table rows must describe the stored transitions")
-    if not table.num_episodes and table.num_transitions:
-        raise CheckpointError("checkpoint table must hold episodes for its transitions")
-
-
-def _check_data(data: Mapping[str, Any], schema: Mapping[str, Any], stored: int) -> None:
-    """Refuse stored data whose fields, shapes or dtypes differ from the schema."""
-    if set(data) != set(schema):
-        raise CheckpointError(
-            f"checkpoint data fields must be {sorted(schema)}, got {sorted(data)}"
-        )
+def _checked_data(data: object, schema: Schema, table: EpisodeTable) -> dict[str, torch.Tensor]:
+    """Stored data with exactly the schema's fields, dtypes and ``[stored, *shape]`` shapes."""
+    if not isinstance(data, Mapping) or set(data) != set(schema):
+        got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+        raise CheckpointError(f"checkpoint data fields must be {sorted(schema)}, got {got}")
+    stored = table.num_transitions
     for name, (shape, dtype) in schema.items():
         values = data[name]
         if not isinstance(values, torch.Tensor) or values.dtype != dtype:
-            raise CheckpointError(f"checkpoint data {name!r} must be a {dtype} tensor")
-        if tuple(values.shape) != (stored, *shape):
+            raise CheckpointError(
+                f"checkpoint data {name!r} must be a {dtype} tensor, got {_describe(values)}"
+            )
+        if values.layout != torch.strided or tuple(values.shape) != (stored, *shape):
             raise CheckpointError(
                 f"checkpoint data {name!r} must have shape {(stored, *shape)}, "
                 f"got {tuple(values.shape)}"
             )
+    return dict(data)
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, str(name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise CheckpointError(f"schema dtype must be a torch dtype, got {name!r}")
-    return dtype
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheckpointError(f"checkpoint {name} must be an int >= 0, got {value!r}")
+    return value
 
 
 def _describe(state: object) -> str:
+    if isinstance(state, torch.Tensor):
+        return f"a {state.dtype} tensor of shape {tuple(state.shape)}"
     if isinstance(state, Mapping):
         return f"a mapping with format {state.get('format')!r}"
     return f"a {type(state).__name__}"

@@ -11,13 +11,20 @@ import numpy as np
 import torch
 
 from lucid_replay.errors import InvalidArgumentError, SchemaDtypeError
+from lucid_replay.schema import Schema
 
 __all__ = ["Episode"]
 
 
-def _as_tensor(name: str, value: Any) -> torch.Tensor:
+def _field_tensor(name: str, value: Any) -> torch.Tensor:
     """Convert one field to a tensor, sharing memory with numpy input where possible."""
     if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided or value.is_meta or value.is_quantized or value.is_nested:
+            kind = "meta" if value.is_meta else str(value.layout).removeprefix("torch.")
+            raise SchemaDtypeError(
+                f"steps[{name!r}] must be a dense tensor with data (strided, not meta, sparse, "
+                f"quantized or nested), got a {kind} tensor"
+            )
         return value
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biufc":
@@ -39,18 +46,32 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
         ) from None
 
 
-def _to_tensor_steps(steps: Mapping[str, Any]) -> Mapping[str, torch.Tensor]:
-    if not isinstance(steps, Mapping):
+def _items(steps: Any) -> list[tuple[Any, Any]]:
+    """The (name, value) pairs of any mapping, TensorDicts included.
+
+    A `Mapping`, or an object with ``keys`` and ``__getitem__`` such as a TensorDict, whose
+    truth value and ``items`` mean something else.
+    """
+    if isinstance(steps, Mapping):
+        return list(steps.items())
+    if isinstance(steps, str | bytes) or not (
+        hasattr(steps, "keys") and hasattr(steps, "__getitem__")
+    ):
         raise SchemaDtypeError(
             f"steps must be a mapping of field names, got {type(steps).__name__}"
         )
-    if not steps:
+    return [(name, steps[name]) for name in steps.keys()]  # noqa: SIM118 - not a Mapping
+
+
+def _to_tensor_steps(steps: Any) -> Mapping[str, torch.Tensor]:
+    items = _items(steps)
+    if not items:
         raise InvalidArgumentError("steps must hold at least one field, got an empty mapping")
     tensors: dict[str, torch.Tensor] = {}
-    for name, value in steps.items():
+    for name, value in items:
         if not isinstance(name, str):
             raise SchemaDtypeError(f"field names must be str, got {name!r}")
-        tensor = _as_tensor(name, value)
+        tensor = _field_tensor(name, value)
         if tensor.dim() == 0:
             raise InvalidArgumentError(
                 f"steps[{name!r}] must have a leading time dimension, got a 0-d value"
@@ -92,7 +113,8 @@ class Episode:
     ----------
     steps
         Field name -> per-step values of shape ``[T, *field_shape]``: torch tensors, numpy arrays
-        (wrapped without a copy where possible) or nested sequences. ``T >= 1``.
+        (wrapped without a copy where possible) or nested sequences. ``T >= 1``. Any mapping
+        is accepted, a TensorDict of flat entries included.
     terminated
         ``True`` when the last step reached a terminal state (nothing to bootstrap from);
         ``False`` when the episode was truncated or the rollout simply stopped.
@@ -108,7 +130,8 @@ class Episode:
         (a ``ValueError``) for an empty mapping, ``T == 0``, fields of different leading
         lengths, or a 0-d value.
     SchemaDtypeError
-        (a ``TypeError``) for a value that is not array-like.
+        (a ``TypeError``) for a value that is not array-like, or a tensor without dense data
+        (sparse, ``meta``, quantized or nested), which could not be copied into storage.
 
     Notes
     -----
@@ -128,15 +151,14 @@ class Episode:
 
     steps: Mapping[str, torch.Tensor] = attrs.field(converter=_to_tensor_steps)
     terminated: bool = attrs.field(default=False, kw_only=True, converter=_as_flag)
-    schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] = attrs.field(init=False, repr=False)
+    schema: Schema = attrs.field(init=False, repr=False)
     _length: int = attrs.field(init=False, repr=False)
     # numpy views of the steps when every field has one (CPU, no autograd, a numpy dtype):
     # a buffer on CPU copies through them at a fifth of the per-call cost of `Tensor.copy_`.
     _host_steps: Mapping[str, np.ndarray] | None = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        schema = {name: (tuple(t.shape[1:]), t.dtype) for name, t in self.steps.items()}
-        object.__setattr__(self, "schema", MappingProxyType(schema))
+        object.__setattr__(self, "schema", Schema.of(self.steps))
         object.__setattr__(self, "_length", int(next(iter(self.steps.values())).shape[0]))
         object.__setattr__(self, "_host_steps", _numpy_views(self.steps))
 

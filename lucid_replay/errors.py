@@ -1,17 +1,14 @@
-"""Exceptions and the one place that phrases and checks argument rules.
+"""Exceptions, and the one place that phrases a refusal.
 
-Every refusal in the package goes through the helpers here, so that messages follow a
-single template (``"<param> must be <rule>, got <value!r>"``) and every error also
-subclasses the builtin a caller would naturally catch (``ValueError``, ``TypeError``,
-``KeyError``).
+Every refusal in the package is phrased by `must` (or `must_have`), so that messages follow a
+single template (``"<param> must be <rule>, got <value!r>"``), and every error also subclasses
+the builtin a caller would naturally catch (``ValueError``, ``TypeError``, ``KeyError``). The
+checks that use them live in `lucid_replay.checks`.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
-import torch
 
 __all__ = [
     "CheckpointError",
@@ -57,64 +54,27 @@ class UnknownEpisodeError(LucidReplayError, KeyError):
 
 
 def must(param: str, rule: str, got: Any) -> InvalidArgumentError:
-    """Return the error for ``param`` breaking ``rule``, phrased with the house template."""
+    """Return the error for ``param`` breaking ``rule``, phrased with the house template.
+
+    ``got`` is quoted with ``repr``; use `must_have` for an observation that is a phrase.
+    """
     return InvalidArgumentError(f"{param} must be {rule}, got {got!r}")
 
 
-def check_int(param: str, value: Any, *, minimum: int) -> int:
-    """Return ``value`` as an ``int`` after checking it is an integer ``>= minimum``.
+def must_have(param: str, rule: str, observed: str) -> InvalidArgumentError:
+    """As `must`, with ``observed`` already phrased (``"a NaN"``, ``"0 stored episodes"``)."""
+    return InvalidArgumentError(f"{param} must be {rule}, got {observed}")
 
-    Raises
-    ------
-    TypeError
-        If ``value`` is not an integer (``bool`` is refused too).
-    InvalidArgumentError
-        If ``value < minimum``.
+
+def wrong_type(param: str, rule: str, got: Any) -> TypeError:
+    """The ``TypeError`` for a ``param`` of the wrong kind, in the house template.
+
+    ``got`` is shown by its ``repr`` when that is short, else by its type's name.
     """
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{param} must be an int, got {value!r}")
-    if value < minimum:
-        raise must(param, f">= {minimum}", value)
-    return int(value)
+    shown = repr(got)
+    return wrong_kind(param, rule, shown if len(shown) <= 60 else f"a {type(got).__name__}")
 
 
-def check_float(param: str, value: Any, *, minimum: float, strict: bool = False) -> float:
-    """Return ``value`` as a finite ``float`` after checking ``value >= minimum``.
-
-    With ``strict=True`` the bound is exclusive (``value > minimum``).
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TypeError(f"{param} must be a real number, got {value!r}")
-    number = float(value)
-    ok = number > minimum if strict else number >= minimum
-    if not (ok and np.isfinite(number)):
-        raise must(param, f"{'>' if strict else '>='} {minimum} and finite", value)
-    return number
-
-
-def as_tensor(name: str, values: Any) -> torch.Tensor:
-    """Lists, numpy arrays or tensors (any device) -> a detached tensor.
-
-    Python sequences go through numpy, which keeps Python floats in float64 (torch would round
-    them to float32 first, changing ``|error| + epsilon`` and overflowing beyond 3.4e38).
-    """
-    if isinstance(values, torch.Tensor):
-        return values.detach()
-    try:
-        array = np.asarray(values)
-        if array.dtype.kind not in "biuf":
-            raise TypeError
-        return torch.from_numpy(array)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"{name} must be array-like numbers, got {type(values).__name__}") from None
-
-
-def as_vector(name: str, values: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Lists, numpy arrays or tensors (any device) -> a detached 1-D tensor on ``device``."""
-    tensor = as_tensor(name, values)
-    if tensor.dim() != 1:
-        raise must(name, "one-dimensional", tuple(tensor.shape))
-    integral = not (tensor.is_floating_point() or tensor.is_complex())
-    if dtype == torch.int64 and not integral and tensor.numel():
-        raise TypeError(f"{name} must hold integers, got dtype {tensor.dtype}")
-    return tensor.to(device=device, dtype=dtype)
+def wrong_kind(param: str, rule: str, observed: str) -> TypeError:
+    """As `wrong_type`, with ``observed`` already phrased (``"dtype torch.bool"``)."""
+    return TypeError(f"{param} must be {rule}, got {observed}")

@@ -1,17 +1,28 @@
-"""Prefetching: windows drawn by a background thread while the learner computes."""
+"""Prefetching: items drawn by a background thread while the learner computes.
+
+Finalizers never wait for a thread. An iterator dropped without ``close`` (or freed by the
+cyclic garbage collector, which may run on any thread, also one holding the buffer's lock)
+only tells its worker to stop; the worker then ends after its current draw. Joining there
+could wait for a worker that waits for a lock held by the very thread running the collector.
+``close`` joins, except on the worker's own thread. After ``os.fork`` the child's iterators
+start new workers and queues: the parent's threads do not exist in the child, and their locks
+may have been held at the fork.
+"""
 
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__: list[str] = []  # internal module
 
 _Item = TypeVar("_Item")
+_POLL_S = 0.05  # how often a worker with a full queue checks whether it should stop
 
 
 class _Failure:
@@ -21,56 +32,119 @@ class _Failure:
         self.error = error
 
 
-def iterate_in_background(draw: Callable[[], _Item], depth: int) -> Iterator[_Item]:
-    """Yield ``draw()`` results made by a worker thread, at most ``depth`` ahead.
+class Prefetcher(Generic[_Item]):
+    """An endless iterator of ``draw()`` results made by a worker thread, ``depth`` ahead.
 
-    A generator, so the worker starts at the first ``next`` and stops (joined) when the
-    generator is closed, exhausted by an error, or garbage collected.
+    The worker starts at the first ``next`` and stops at ``close`` (also on leaving a
+    ``with`` block), at an error (raised in the consumer), or when the iterator is dropped.
     """
-    ready: queue.Queue[_Item | _Failure] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
 
+    def __init__(self, draw: Callable[[], _Item], depth: int) -> None:
+        self._draw = draw
+        self._depth = depth
+        self._closed = False
+        self._reset()
+        _live.add(self)
+
+    def _reset(self) -> None:
+        self._ready: queue.Queue[_Item | _Failure] = queue.Queue(maxsize=self._depth)
+        self._stop = threading.Event()
+        self._worker: threading.Thread | None = None
+
+    def __iter__(self) -> Prefetcher[_Item]:
+        return self
+
+    def __next__(self) -> _Item:
+        if self._closed:
+            raise StopIteration
+        if self._worker is None:
+            self._start()
+        item = self._ready.get()
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.error
+        return item
+
+    def _start(self) -> None:
+        # The worker holds the draw, the queue and the event, never this iterator, so an
+        # iterator nobody references can be collected while its worker runs.
+        worker = threading.Thread(
+            target=_produce,
+            args=(self._draw, self._ready, self._stop),
+            name="lucid_replay-prefetch",
+            daemon=True,
+        )
+        worker.start()
+        self._worker = worker
+        _running[worker] = self._stop
+
+    def close(self) -> None:
+        """Stop the worker and wait for it (it finishes a draw in progress first)."""
+        self._closed = True
+        self._stop.set()
+        worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()
+            _running.pop(worker, None)
+
+    def __enter__(self) -> Prefetcher[_Item]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # May run inside the garbage collector on any thread: signal, never join.
+        self._stop.set()
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's worker and queue; the next draw restarts."""
+        self._reset()
+
+
+def _produce(
+    draw: Callable[[], _Item], ready: queue.Queue[_Item | _Failure], stop: threading.Event
+) -> None:
     def hand_over(item: _Item | _Failure) -> bool:
         # Never block for good on a full queue: the consumer may have gone away.
         while not stop.is_set():
             try:
-                ready.put(item, timeout=0.05)
+                ready.put(item, timeout=_POLL_S)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def produce() -> None:
-        try:
-            while hand_over(draw()):
-                pass
-        except BaseException as error:  # handed to the consumer, raised there
-            hand_over(_Failure(error))
-
-    worker = threading.Thread(target=produce, name="lucid_replay-prefetch", daemon=True)
-    worker.start()
-    _running_workers[worker] = stop
     try:
-        while True:
-            item = ready.get()
-            if isinstance(item, _Failure):
-                raise item.error
-            yield item
-    finally:
-        stop.set()
-        worker.join()
-        _running_workers.pop(worker, None)
+        while not stop.is_set() and hand_over(draw()):
+            pass
+    except BaseException as error:  # handed to the consumer, raised there
+        hand_over(_Failure(error))
 
 
-# Workers of iterators still referenced when the interpreter exits: a daemon thread killed in
-# the middle of a torch operation aborts the process, so stop and join them first.
-_running_workers: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = (
-    weakref.WeakKeyDictionary()
-)
+def iterate_in_background(draw: Callable[[], _Item], depth: int) -> Iterator[_Item]:
+    """A `Prefetcher` of ``draw`` keeping up to ``depth`` items ready."""
+    return Prefetcher(draw, depth)
+
+
+_live: weakref.WeakSet[Prefetcher[Any]] = weakref.WeakSet()
+# Workers of iterators still running when the interpreter exits: a daemon thread killed in the
+# middle of a torch operation aborts the process, so stop and join them first.
+_running: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = weakref.WeakKeyDictionary()
 
 
 @atexit.register
 def _stop_running_workers() -> None:
-    for worker, stop in list(_running_workers.items()):
+    for worker, stop in list(_running.items()):
         stop.set()
         worker.join(timeout=10)
+
+
+def _reset_after_fork() -> None:
+    _running.clear()
+    for prefetcher in list(_live):
+        prefetcher._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from lucid_replay import arrays
-from lucid_replay.arrays import Array
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
-from lucid_replay.errors import CheckpointError, as_tensor, as_vector, check_float, must
+from lucid_replay.checks import as_tensor, as_vector, check_float
+from lucid_replay.errors import must, wrong_kind
+from lucid_replay.priorities import Priorities, window_priorities
 from lucid_replay.replay import SequenceReplay
 
 __all__ = ["PrioritizedSequenceReplay"]
@@ -30,13 +30,14 @@ class PrioritizedSequenceReplay(SequenceReplay):
     epsilon
         Added to every ``|error|`` so that an episode whose error reached zero can still be
         drawn.
-    **kwargs
-        ``device``, ``unit``, ``seed``, ``max_times_sampled``, as `SequenceReplay`.
+    device, unit, seed, max_times_sampled
+        As `SequenceReplay`.
 
     Raises
     ------
     InvalidArgumentError
-        If ``alpha`` or ``beta`` is negative, or ``epsilon`` is not positive.
+        If ``alpha`` or ``beta`` is negative, or ``epsilon`` is not positive (or for the
+        arguments `SequenceReplay` refuses).
 
     Notes
     -----
@@ -52,13 +53,19 @@ class PrioritizedSequenceReplay(SequenceReplay):
 
     and the start is uniform among the episode's eligible anchors. The weights are
 
-    $$w_i = \frac{(N P_i)^{-\beta}}{\max_j (N P_j)^{-\beta}},$$
+    $$w_i = \frac{(N P_i)^{-\beta}}{\max_j (N P_j)^{-\beta}}
+          = \left(\frac{\min_j p_j}{p_i}\right)^{\alpha \beta},$$
 
-    the maximum taken over the batch, so the largest weight of every batch is 1 and the
-    correction only scales updates down. A new episode gets the largest priority ever set
-    (initially 1.0; evicted episodes' count), so everything is replayed at least once before
-    prioritization can bury it (Algorithm 1, line 6). Draws cost O(B log E) on a float64 sum
-    tree per anchor span.
+    the maximum and minimum taken over the batch, so the largest weight of every batch is 1
+    and the correction only scales updates down. A new episode gets the largest priority ever
+    set (initially 1.0; evicted episodes' count), so everything is replayed at least once
+    before prioritization can bury it (Algorithm 1, line 6). Draws cost O(B log E) on a
+    float64 sum tree per anchor span.
+
+    The law holds for every finite priority: powers are taken of ratios of priorities
+    (``p / p_max`` in the trees, ``p_min / p`` in the weights), so ``p^alpha`` never has to
+    be a float64 itself (``1e7 ** 50`` is not). An error whose ``|error| + epsilon`` would
+    exceed float64's range is refused.
 
     Examples
     --------
@@ -73,7 +80,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
     1
     """
 
-    _prioritized_by_default: ClassVar[bool] = True
+    _priorities: Priorities
 
     def __init__(
         self,
@@ -81,47 +88,43 @@ class PrioritizedSequenceReplay(SequenceReplay):
         alpha: float = 0.6,
         beta: float = 0.4,
         epsilon: float = 1e-6,
-        **kwargs: Any,
+        *,
+        device: torch.device | str = "cpu",
+        unit: str = "chunk",
+        seed: int | torch.Generator | None = None,
+        max_times_sampled: int | None = None,
     ) -> None:
-        alpha = check_float("alpha", alpha, minimum=0.0)
-        beta = check_float("beta", beta, minimum=0.0)
-        epsilon = check_float("epsilon", epsilon, minimum=0.0, strict=True)
-        super().__init__(capacity, **kwargs)
-        self._alpha, self._initial_beta, self._beta, self._epsilon = alpha, beta, beta, epsilon
-        self._max_priority = 1.0
-        self._sampler.alpha = alpha
+        priorities = Priorities(alpha, beta, epsilon)
+        super().__init__(
+            capacity, device=device, unit=unit, seed=seed, max_times_sampled=max_times_sampled
+        )
+        self._priorities = priorities
 
     @property
     def alpha(self) -> float:
         """Prioritization exponent."""
-        return self._alpha
+        return self._priorities.alpha
 
     @property
     def beta(self) -> float:
         """Current importance-sampling exponent."""
-        return self._beta
+        return self._priorities.beta
 
     @property
     def epsilon(self) -> float:
         """Added to every ``|error|``."""
-        return self._epsilon
+        return self._priorities.epsilon
 
     @property
     def max_priority(self) -> float:
         """The largest priority ever set (what a new episode gets)."""
-        return self._max_priority
+        return self._priorities.max_priority
 
     @property
     def priorities(self) -> torch.Tensor:
         """float64 ``[num_episodes]``: stored episodes' priorities, aligned with `episode_ids`."""
         with self._lock:
             return self._table.priority[self._table.stored_rows()].clone()
-
-    def _new_episode_priority(self) -> float:
-        return self._max_priority
-
-    def _beta_now(self) -> float:
-        return self._beta
 
     # -------------------------------------------------------------------------- sampling
     def sample_prioritized(
@@ -133,27 +136,26 @@ class PrioritizedSequenceReplay(SequenceReplay):
         and ``weights`` (float32 ``[B]``, largest 1). O(B log E + B length). Raises as
         `SequenceReplay.sample`.
         """
-        chunks, anchors = self._sample_chunks(batch_size, length, device, prioritized=True)
-        assert anchors.weights is not None  # a prioritized draw always has weights
-        weights = anchors.weights.to(chunks.episode_ids.device)
-        return PrioritizedBatch(
-            chunks.data, chunks.episode_ids, chunks.starts, chunks.episode_ids, weights
-        )
+        batch = self._sample_chunks(batch_size, length, device, prioritized=True)
+        assert isinstance(batch, PrioritizedBatch)  # a prioritized draw always has weights
+        return batch
 
     # ------------------------------------------------------------------------ priorities
     def update_priorities(self, indices: Any, errors: Any) -> int:
         """Set the priorities of episodes ``indices`` to ``|errors| + epsilon``.
 
-        Accepts lists, numpy arrays or tensors on any device. Duplicate ids take the largest
-        error. Ids already evicted are skipped (they never touch another episode, nor raise
-        the maximum priority). Returns how many distinct ids were applied. O(k log E) at the
-        next draw.
+        Accepts lists, numpy arrays or tensors on any device (integer ids, real errors).
+        Duplicate ids take the largest error. Ids already evicted are skipped (they never
+        touch another episode, nor raise the maximum priority). Returns how many distinct ids
+        were applied. O(k log E) at the next draw.
 
         Raises
         ------
         InvalidArgumentError
-            If the lengths differ, an error is NaN or infinite, or an id was never issued.
-            Nothing is updated then.
+            If the lengths differ, an error is NaN or infinite (or so large that
+            ``|error| + epsilon`` is), or an id was never issued. Nothing is updated then.
+        TypeError
+            For ids that are not integers (``bool`` included) or complex errors.
         """
         ids = as_vector("indices", indices, torch.int64, self._device)
         values = as_vector("errors", errors, torch.float64, self._device)
@@ -163,30 +165,31 @@ class PrioritizedSequenceReplay(SequenceReplay):
         if not bool(finite.all()):
             at = int((~finite).nonzero()[0])
             raise must(f"errors[{at}]", "finite", float(values[at]))
+        priorities = self._priorities.of_errors(values)
         with self._lock:
-            issued = (ids >= 0) & (ids < self._table.next_id)
-            if not bool(issued.all()):
-                at = int((~issued).nonzero()[0])
-                raise must(
-                    f"indices[{at}]",
-                    f"an issued episode id (< {self._table.next_id})",
-                    int(ids[at]),
-                )
-            return self._apply_priorities(ids, values)
+            self._check_issued(ids)
+            return self._apply_priorities(ids, priorities)
 
-    def _apply_priorities(self, ids: torch.Tensor, errors: torch.Tensor) -> int:
-        """Set ``|errors| + epsilon`` for issued ``ids`` (storage device, validated)."""
+    def _check_issued(self, ids: torch.Tensor) -> None:
+        next_id = self._table.next_id
+        issued = (ids >= 0) & (ids < next_id)
+        if not bool(issued.all()):
+            at = int((~issued).nonzero()[0])
+            ids_so_far = f"0 .. {next_id - 1}" if next_id else "none issued yet"
+            raise must(f"indices[{at}]", f"an issued episode id ({ids_so_far})", int(ids[at]))
+
+    def _apply_priorities(self, ids: torch.Tensor, priorities: torch.Tensor) -> int:
+        """Set ``priorities`` for issued ``ids`` (storage device, validated); skip evicted."""
         table = self._table
-        ids_of, errors_of = arrays.engine(ids), arrays.engine(errors)
+        ids_of, priorities_of = arrays.engine(ids), arrays.engine(priorities)
         stored = table.is_stored(ids_of)
         if not bool(stored.all()):  # evicted ids must not touch the rows now reused
-            ids_of, errors_of = ids_of[stored], errors_of[stored]
+            ids_of, priorities_of = ids_of[stored], priorities_of[stored]
         if ids_of.shape[0] == 0:
             return 0
-        priorities = abs(arrays.cast(errors_of, torch.float64)) + self._epsilon
         rows = table.rows_of(ids_of)
-        arrays.assign_max(table.arrays["priority"], rows, priorities)
-        self._max_priority = max(self._max_priority, float(priorities.max()))
+        arrays.assign_max(table.arrays["priority"], rows, priorities_of)
+        self._priorities.raise_max(float(priorities_of.max()))
         self._sampler.mark_priorities_dirty(arrays.tensor(rows))
         return arrays.count_distinct(rows)
 
@@ -205,41 +208,26 @@ class PrioritizedSequenceReplay(SequenceReplay):
         that have no TD error (for example a step with nothing after it to bootstrap from). A
         window left with no counted record keeps its episode's priority.
         """
-        eta = check_float("eta", eta, minimum=0.0)
-        if eta > 1:
-            raise must("eta", "in [0, 1]", eta)
+        eta = check_float("eta", eta, minimum=0.0, maximum=1.0)
         if not isinstance(batch, WindowBatch):
-            raise TypeError(f"batch must be a WindowBatch, got {type(batch).__name__}")
-        masks_device = batch.validity_mask.device
-        values = as_tensor("errors", errors).to(masks_device)
-        if values.dtype not in (torch.float32, torch.float64):  # also what numpy cannot hold
-            values = values.to(torch.float64)
+            raise wrong_kind("batch", "a WindowBatch", type(batch).__name__)
         shape = tuple(batch.validity_mask.shape)
+        values = as_tensor("errors", errors)
         if tuple(values.shape) == shape[:1]:
             return self.update_priorities(batch.episode_ids, values)
-        if tuple(values.shape) != shape:
-            raise must("errors", f"of shape {shape} or {shape[:1]}", tuple(values.shape))
-        if mask is not None:
-            mask = as_tensor("mask", mask).to(masks_device)
-            if mask.dtype != torch.bool or tuple(mask.shape) != shape:
-                raise must(
-                    "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
-                )
-        counted, counted_errors = _counted_records(batch, values, mask)
-        magnitudes = arrays.where(counted, abs(counted_errors), 0.0)
-        records = counted.sum(1)
-        mean = magnitudes.sum(1) / (records + (records == 0))
-        mixed = eta * arrays.row_max(magnitudes) + (1 - eta) * mean
-        # A NaN or inf on a counted record reaches the max and the sum; others were masked.
-        if not arrays.all_finite(mixed):
-            raise must("errors", "finite on valid learning records", "a NaN or infinite value")
-        ids = arrays.engine(batch.episode_ids)
-        if not bool(records.all()):  # windows without a counted record carry no signal
-            ids, mixed = ids[records > 0], mixed[records > 0]
+        ids, mixed = window_priorities(
+            batch.learning_mask,
+            batch.validity_mask,
+            batch.record_episode_ids,
+            batch.episode_ids,
+            values,
+            eta=eta,
+            mask=mask,
+        )
+        mixed_errors = arrays.tensor(mixed).to(self._device, torch.float64)
+        priorities = self._priorities.of_errors(mixed_errors)
         with self._lock:
-            return self._apply_priorities(
-                arrays.tensor(ids).to(self._device), arrays.tensor(mixed).to(self._device)
-            )
+            return self._apply_priorities(arrays.tensor(ids).to(self._device), priorities)
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
         """Set ``beta = beta0 + fraction * (final - beta0)``, ``beta0`` the constructor's value.
@@ -252,71 +240,15 @@ class PrioritizedSequenceReplay(SequenceReplay):
         InvalidArgumentError
             If ``fraction`` is outside ``[0, 1]`` or ``final`` is negative.
         """
-        fraction = check_float("fraction", fraction, minimum=0.0)
-        if fraction > 1:
-            raise must("fraction", "in [0, 1]", fraction)
-        final = check_float("final", final, minimum=0.0)
         with self._lock:
-            self._beta = self._initial_beta + fraction * (final - self._initial_beta)
+            self._priorities.anneal(fraction, final)
 
-    # ----------------------------------------------------------------------- persistence
-    def _config(self) -> dict[str, Any]:
-        return {
-            **super()._config(),
-            "alpha": self._alpha,
-            "beta": self._initial_beta,
-            "epsilon": self._epsilon,
-        }
+    # -------------------------------------------------------------------- shard hooks
+    def _raise_max_priority(self, priority: float) -> None:
+        """Raise the maximum priority (a new episode's) to at least ``priority``.
 
-    def _extra_state(self) -> dict[str, Any]:
-        return {"beta": self._beta, "max_priority": self._max_priority}
-
-    def _check_extra_state(self, extra: Mapping[str, Any]) -> None:
-        if not {"beta", "max_priority"} <= set(extra):
-            raise CheckpointError(
-                f"checkpoint extra state must hold beta and max_priority, got {sorted(extra)}"
-            )
-
-    def _load_extra_state(self, extra: Mapping[str, Any]) -> None:
-        self._beta = float(extra["beta"])
-        self._max_priority = float(extra["max_priority"])
-
-
-def _counted_records(
-    batch: WindowBatch, errors: torch.Tensor, mask: torch.Tensor | None
-) -> tuple[Array, Array]:
-    """The records whose errors set priorities, and their errors (``[B, W']`` arrays each).
-
-    Counted: learning region, valid, in the anchor's own episode, and in ``mask``. Batches
-    from `sample_windows` share one learning mask across rows (an expanded ``[W]`` tensor), so
-    only its columns are kept, and a row of record ids that is one broadcast value compares
-    once per window: the same result with ~40% of the work at R2D2-like windows. The arrays
-    are of the `arrays` engine of the batch's device.
-    """
-    learning = batch.learning_mask
-    valid, kept_errors = arrays.engine(batch.validity_mask), arrays.engine(errors)
-    records = arrays.engine(batch.record_episode_ids)
-    kept_mask = None if mask is None else arrays.engine(mask)
-    columns = None
-    if learning.stride(0) == 0 and learning.shape[0]:  # one learning mask shared by every row
-        columns = arrays.flat_nonzero(arrays.engine(learning[0]))
-    if (
-        columns is not None
-        and columns.shape[0]
-        and int(columns[-1]) + 1 - int(columns[0]) == columns.shape[0]
-    ):  # and one contiguous learning region, as every Window has
-        kept = slice(int(columns[0]), int(columns[-1]) + 1)
-        counted, kept_errors, records = valid[:, kept], kept_errors[:, kept], records[:, kept]
-        kept_mask = None if kept_mask is None else kept_mask[:, kept]
-    else:
-        counted = valid & arrays.engine(learning)
-    anchor_ids = arrays.engine(batch.episode_ids)[:, None]
-    if batch.record_episode_ids.stride(1) == 0:  # one id per window (pad, stop)
-        own_episode = records[:, :1] == anchor_ids
-    else:
-        own_episode = records == anchor_ids
-    if not bool(own_episode.all()):
-        counted = counted & own_episode
-    if kept_mask is not None:
-        counted = counted & kept_mask
-    return counted, kept_errors
+        For a coordinator keeping the maximum global across buffers; monotone, idempotent.
+        """
+        priority = check_float("priority", priority, minimum=0.0)
+        with self._lock:
+            self._priorities.raise_max(priority)

@@ -1,41 +1,50 @@
-"""`SequenceReplay`: whole episodes in a transition ring, fixed-length chunks drawn uniformly."""
+"""`SequenceReplay`: whole episodes in a transition ring, fixed-length chunks drawn uniformly.
+
+The buffer composes its collaborators: it validates at the boundary, takes the lock, and
+hands each step of the data path to its owner (`EpisodeTable` and `TransitionRing` store,
+`AnchorSampler` draws, `window.expand` expands, `batch` assembles, `Priorities` holds the
+prioritization state of a `PrioritizedSequenceReplay`).
+"""
 
 from __future__ import annotations
 
 import operator
 import os
-import tempfile
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
+import attrs
 import torch
 
 from lucid_replay import checkpoint
-from lucid_replay import window as windows
-from lucid_replay.batch import Batch, WindowBatch, gather
+from lucid_replay.batch import Batch, WindowBatch, chunk_batch, window_batch
+from lucid_replay.checks import as_vector, check_device, check_int
 from lucid_replay.episode import Episode
 from lucid_replay.errors import (
     CheckpointError,
-    ReuseLimitError,
-    SchemaDtypeError,
-    SchemaError,
     UnknownEpisodeError,
-    as_vector,
-    check_int,
     must,
+    must_have,
+    wrong_kind,
+    wrong_type,
 )
-from lucid_replay.prefetch import iterate_in_background
+from lucid_replay.prefetch import Prefetcher
+from lucid_replay.priorities import Priorities
 from lucid_replay.sampling import Anchors, AnchorSampler
-from lucid_replay.storage import EpisodeTable, TransitionRing
-from lucid_replay.window import Window
+from lucid_replay.schema import Schema
+from lucid_replay.storage import TransitionRing
+from lucid_replay.table import EpisodeTable
+from lucid_replay.window import MAX_RECORDS, Window, expand
 
 __all__ = ["SequenceReplay"]
 
-Schema = dict[str, tuple[tuple[int, ...], torch.dtype]]
-_Replay = TypeVar("_Replay", bound="SequenceReplay")
+_ReplayT = TypeVar("_ReplayT", bound="SequenceReplay")
 _UNITS = ("chunk", "episode")
+_MAX_BATCH = 2**31 - 1
+_MAX_PREFETCH = 2**16
+_SEED_MAX = 2**64 - 1  # torch generators take seeds up to this
 
 
 class SequenceReplay:
@@ -53,7 +62,8 @@ class SequenceReplay:
         equally likely. ``"episode"``: an episode is drawn uniformly among those long enough,
         then a start uniformly inside it.
     seed
-        An ``int`` or a ``torch.Generator`` for reproducible draws; ``None`` seeds from the OS.
+        An ``int`` in ``[0, 2**64)`` or a ``torch.Generator`` for reproducible draws; ``None``
+        seeds from the OS.
     max_times_sampled
         Reuse limit: an episode is drawn at most this many times in total (also within one
         batch), then *retired*: never drawn again, and reclaimed as soon as it is the oldest.
@@ -61,7 +71,8 @@ class SequenceReplay:
     Raises
     ------
     InvalidArgumentError
-        For a non-positive ``capacity`` or ``max_times_sampled``, or an unknown ``unit``.
+        For a non-positive ``capacity`` or ``max_times_sampled``, an unknown ``unit``, a
+        ``seed`` out of range, or a ``device`` this process cannot use.
 
     Notes
     -----
@@ -70,6 +81,11 @@ class SequenceReplay:
     fixes the schema (field names, per-step shapes, dtypes). Episode ids are issued 0, 1, 2, ...
     and never reused. Every public method holds one lock, so collector threads may ``add``
     while learner threads sample; no reader sees a half-written episode.
+
+    Every argument is validated before anything is drawn or written: a refused call changes
+    nothing (state, counters, random stream). After ``os.fork`` the child's buffer has a new
+    lock and prefetch state and a random stream reseeded from the OS, so children never
+    repeat the parent's draws; call `reseed` in each child for reproducible streams.
 
     Examples
     --------
@@ -82,8 +98,6 @@ class SequenceReplay:
     (torch.Size([4, 3]), True)
     """
 
-    _prioritized_by_default: ClassVar[bool] = False
-
     def __init__(
         self,
         capacity: int = 1_000_000,
@@ -93,24 +107,27 @@ class SequenceReplay:
         seed: int | torch.Generator | None = None,
         max_times_sampled: int | None = None,
     ) -> None:
-        self._capacity = check_int("capacity", capacity, minimum=1)
+        self._capacity = check_int("capacity", capacity, minimum=1, maximum=2**62)
         if unit not in _UNITS:
             raise must("unit", f"one of {_UNITS}", unit)
         if max_times_sampled is not None:
-            check_int("max_times_sampled", max_times_sampled, minimum=1)
-        self._device = torch.device(device)
-        self._generator = _generator(seed, self._device)
+            max_times_sampled = check_int("max_times_sampled", max_times_sampled, minimum=1)
+        self._device = check_device("device", device)
+        self._generator = _make_generator(seed, self._device)
         self._lock = threading.RLock()
         self._schema: Schema | None = None
         self._ring = TransitionRing(self._capacity, self._device)
         self._table = EpisodeTable(self._device)
         self._sampler = AnchorSampler(self._table, unit, max_times_sampled)
-        self._counts = dict.fromkeys(
-            ("episodes_added", "transitions_added", "episodes_evicted", "transitions_evicted"), 0
-        )
-        self._counts["chunks_sampled"] = 0
+        self._priorities: Priorities | None = None  # set by PrioritizedSequenceReplay
+        self._counts = dict.fromkeys(checkpoint.COUNTS, 0)
         # An int on CPU; on a device a 0-d tensor, so that eviction never waits for the device.
         self._evicted_unsampled: int | torch.Tensor = 0
+        _buffers.add(self)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        checkpoint.register(cls)
 
     # ------------------------------------------------------------------------ properties
     @property
@@ -146,12 +163,14 @@ class SequenceReplay:
     @property
     def schema(self) -> Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None:
         """Field name -> (per-step shape, dtype), fixed by the first episode; ``None`` before."""
-        return None if self._schema is None else dict(self._schema)
+        return self._schema
 
     def __len__(self) -> int:
         return self._table.num_transitions
 
     def __contains__(self, episode_id: object) -> bool:
+        if isinstance(episode_id, bool):
+            return False  # True == 1, but a flag is never an id
         try:
             return operator.index(episode_id) in self.episode_ids  # type: ignore[arg-type]
         except TypeError:
@@ -183,7 +202,12 @@ class SequenceReplay:
             If the episode is longer than ``capacity`` (nothing is evicted).
         SchemaError, SchemaDtypeError
             If its fields, per-step shapes (``ValueError``) or dtypes (``TypeError``) differ
-            from the schema the first episode fixed. The buffer is unchanged.
+            from the schema the first episode fixed, if a field takes a name reserved for the
+            per-record entries of a `WindowBatch`, or if a dtype cannot be stored (for
+            example ``uint16``). The buffer is unchanged.
+        MemoryError
+            If the first episode's storage (``capacity`` steps of its fields) cannot be
+            allocated; the buffer stays as if never used.
         """
         with self._lock:
             schema = self._validate(episode, self._schema)
@@ -205,49 +229,29 @@ class SequenceReplay:
             raise TypeError(f"episode must be an Episode, got {type(episode).__name__}")
         if len(episode) > self._capacity:
             raise must("episode length", f"<= capacity ({self._capacity})", len(episode))
-        incoming = episode.schema
         if schema is None:
-            return dict(incoming)
-        if incoming == schema:
-            return schema
-        if set(incoming) != set(schema):
-            missing, extra = (
-                sorted(set(schema) - set(incoming)),
-                sorted(set(incoming) - set(schema)),
-            )
-            raise SchemaError(
-                f"episode fields must be {sorted(schema)}, got missing {missing}, extra {extra}"
-            )
-        for name, (shape, dtype) in schema.items():
-            got_shape, got_dtype = incoming[name]
-            if got_shape != shape:
-                raise SchemaError(
-                    f"field {name!r} must have per-step shape {shape}, got {got_shape}"
-                )
-            if got_dtype != dtype:
-                raise SchemaDtypeError(f"field {name!r} must have dtype {dtype}, got {got_dtype}")
+            episode.schema.check_storable()
+            return episode.schema
+        schema.check(episode.schema)
         return schema
 
     def _store(self, episode: Episode, schema: Schema) -> int:
         if self._schema is None:
+            self._ring.allocate(schema)  # all or nothing: a failure fixes no schema
             self._schema = schema
-            self._ring.allocate(schema)
         length = len(episode)
         to_evict = self._table.count_to_evict(self._capacity, length)
         if to_evict:
             self._evict(to_evict)
             self._reclaim_retired()  # a retired episode may have just become the oldest
-        episode_id, row, start = self._table.append(
-            length, episode.terminated, self._new_episode_priority()
-        )
-        self._ring.write(start, episode.steps, episode._host_steps)
+        # Data first: if the copy fails, no table row claims the slots it was writing.
+        self._ring.write(self._table.next_offset, episode.steps, episode._host_steps)
+        priority = 1.0 if self._priorities is None else self._priorities.max_priority
+        episode_id, row, _ = self._table.append(length, episode.terminated, priority)
         self._sampler.mark_dirty(row)
         self._counts["episodes_added"] += 1
         self._counts["transitions_added"] += length
         return episode_id
-
-    def _new_episode_priority(self) -> float:
-        return 1.0
 
     def _evict(self, count: int) -> None:
         rows, transitions, unsampled = self._table.evict_oldest(count)
@@ -258,19 +262,9 @@ class SequenceReplay:
 
     def _reclaim_retired(self) -> None:
         """Evict retired episodes at the front of the queue: they can never be drawn again."""
-        limit, table = self._sampler.reuse_limit, self._table
-        if limit is None:
-            return
-        while table.num_episodes:
-            ids = torch.arange(
-                table.first_id, min(table.first_id + 64, table.next_id), device=self._device
-            )
-            retired = table.times_sampled[table.rows_of(ids)] >= limit
-            leading = int(retired.int().cumprod(dim=0).sum())
-            if leading:
-                self._evict(leading)
-            if leading < ids.numel():
-                return
+        leading = self._sampler.leading_retired()
+        if leading:
+            self._evict(leading)
 
     # -------------------------------------------------------------------------- sampling
     def sample(
@@ -284,12 +278,12 @@ class SequenceReplay:
         Raises
         ------
         InvalidArgumentError
-            If the buffer is empty, no stored episode has ``T >= length``, or ``batch_size`` or
-            ``length`` is below 1.
+            If the buffer is empty, no stored episode has ``T >= length``, ``batch_size`` or
+            ``length`` is below 1, or ``device`` cannot be used.
         ReuseLimitError
             If the reuse limit leaves fewer than ``batch_size`` draws (nothing is drawn).
         """
-        return self._sample_chunks(batch_size, length, device, prioritized=False)[0]
+        return self._sample_chunks(batch_size, length, device, prioritized=False)
 
     def _sample_chunks(
         self,
@@ -298,38 +292,15 @@ class SequenceReplay:
         device: torch.device | str | None,
         *,
         prioritized: bool,
-    ) -> tuple[Batch, Anchors]:
-        check_int("batch_size", batch_size, minimum=1)
-        check_int("length", length, minimum=1)
+    ) -> Batch:
+        check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
+        check_int("length", length, minimum=1, maximum=MAX_RECORDS)
+        target = self._batch_device(device)
         with self._lock:
             anchors = self._draw(batch_size, Window(length), prioritized=prioritized)
-            batch = self._chunks(anchors, length, self._target(device))
+            batch = chunk_batch(self._ring, self._table, anchors, length, target)
             self._reclaim_retired()  # only once the batch no longer needs their rows
-            return batch, anchors
-
-    def _chunks(self, anchors: Anchors, length: int, target: torch.device) -> Batch:
-        first = self._table.start[anchors.rows] + anchors.steps
-        record = windows.layout(Window(length), self._device).record
-        offsets = first.unsqueeze(1) + record
-        data = self._gather_runs(first, offsets, None, length, 1, target)
-        return Batch(data, anchors.episode_ids.to(target), anchors.steps.to(target))
-
-    def _gather_runs(
-        self,
-        first_offsets: torch.Tensor,
-        offsets: torch.Tensor,
-        exact: torch.Tensor | None,
-        size: int,
-        stride: int,
-        target: torch.device,
-    ) -> Mapping[str, torch.Tensor]:
-        """Records ``[B, size]`` onto ``target`` (see `TransitionRing.gather_runs`)."""
-        oldest = self._table.oldest_offset
-
-        def read(out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-            return self._ring.gather_runs(first_offsets, size, stride, offsets, exact, oldest, out)
-
-        return gather(self._ring, (int(first_offsets.shape[0]), size), target, read)
+            return batch
 
     def sample_windows(
         self,
@@ -347,15 +318,14 @@ class SequenceReplay:
         equals ``sample(batch_size, length)`` (or ``sample_prioritized``) draw for draw.
         Cost O(B log E + B W).
         """
-        check_int("batch_size", batch_size, minimum=1)
+        check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         _check_window(window)
-        if prioritized is None:
-            prioritized = self._prioritized_by_default
-        if prioritized and not self._prioritized_by_default:
-            raise must(f"prioritized on a {type(self).__name__}", "False or None", prioritized)
+        use_priorities = self._use_priorities(prioritized)
+        target = self._batch_device(device)
         with self._lock:
-            anchors = self._draw(batch_size, window, prioritized=bool(prioritized))
-            batch = self._windows(anchors, window, self._target(device))
+            anchors = self._draw(batch_size, window, prioritized=use_priorities)  # sampling
+            records = expand(self._table, anchors, window)  # window
+            batch = window_batch(self._ring, self._table, anchors, records, window, target)
             self._reclaim_retired()  # only once the batch no longer needs their rows
             return batch
 
@@ -377,10 +347,11 @@ class SequenceReplay:
             For a step outside its episode or arguments of different lengths.
         """
         _check_window(window)
-        ids = as_vector("episode_ids", episode_ids, torch.int64, self._device)
-        steps = as_vector("anchor_steps", anchor_steps, torch.int64, self._device)
+        ids = as_vector("episode_ids", episode_ids, torch.int64, self._device).clone()
+        steps = as_vector("anchor_steps", anchor_steps, torch.int64, self._device).clone()
         if ids.shape != steps.shape:
             raise must("anchor_steps", f"as long as episode_ids ({ids.numel()})", steps.numel())
+        target = self._batch_device(device)
         with self._lock:
             stored = self._table.is_stored(ids)
             if not bool(stored.all()):
@@ -394,66 +365,48 @@ class SequenceReplay:
                     f"a step of episode {int(ids[at])} (0 .. {int(lengths[at]) - 1})",
                     int(steps[at]),
                 )
-            anchors = Anchors(self._table.rows_of(ids), ids, steps, None)
-            return self._windows(anchors, window, self._target(device))
+            anchors = Anchors(self._table.rows_of(ids), ids, steps)
+            records = expand(self._table, anchors, window)
+            return window_batch(self._ring, self._table, anchors, records, window, target)
 
-    def _windows(self, anchors: Anchors, window: Window, target: torch.device) -> WindowBatch:
-        records = windows.expand(
-            self._table, anchors.rows, anchors.episode_ids, anchors.steps, window
-        )
-        shape = records.valid.shape
-        data = self._gather_runs(
-            records.first_offsets,
-            records.offsets,
-            records.valid,  # exactly the records that were not clamped
-            window.size,
-            window.dilation,
-            target,
-        )
-        per_record = windows.layout(window, target)
-        return WindowBatch(
-            data=data,
-            learning_mask=per_record.learning_mask.expand(shape),
-            validity_mask=records.valid.to(target),
-            is_init=records.is_init.to(target),
-            terminal=records.terminal.to(target),
-            record_episode_ids=records.episode_ids.to(target),
-            record_steps=records.steps.to(target),
-            step_in_sequence=per_record.record.expand(shape),
-            episode_ids=anchors.episode_ids.to(target),
-            anchor_steps=anchors.steps.to(target),
-            weights=None if anchors.weights is None else anchors.weights.to(target),
-        )
+    def num_eligible(self, window: Window) -> int:
+        """How many anchors or episodes a draw of ``window`` can choose from now.
+
+        Anchors for ``unit="chunk"``, episodes for ``unit="episode"``; retired episodes
+        (reuse limit reached) are excluded. O(1) amortised, so a loop can wait on it until it
+        may sample (``> 0``).
+        """
+        _check_window(window)
+        with self._lock:
+            return round(self._sampler.mass(window.anchor_span, None))
 
     def _draw(self, batch_size: int, window: Window, *, prioritized: bool) -> Anchors:
         """Draw anchors whose learning region fits (the one place a draw starts)."""
         if self._table.num_episodes == 0:
-            raise must("the buffer", "non-empty to sample", "0 stored episodes")
+            raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
         span = window.anchor_span
-        if self._sampler.mass(span, prioritized) <= 0:
-            longest = int(self._table.length[self._table.stored_rows()].max())
-            if longest < span:
-                what = "length" if window == Window(window.length) else "the window's anchor span"
-                raise must(what, f"<= the longest stored episode ({longest} steps)", span)
-            raise ReuseLimitError(
-                f"every episode long enough for span {span} has been drawn "
-                f"max_times_sampled={self.max_times_sampled} times; add episodes to sample more"
-            )
-        anchors = self._sampler.draw(
-            batch_size,
-            span,
-            prioritized=prioritized,
-            beta=self._beta_now(),
-            generator=self._generator,
-        )
+        alpha = None if not prioritized or self._priorities is None else self._priorities.alpha
+        if self._sampler.mass(span, alpha) <= 0:
+            what = "length" if window == Window(window.length) else "the window's anchor span"
+            raise self._sampler.nothing_eligible(span, what, batch_size)
+        anchors = self._sampler.draw(batch_size, span, alpha=alpha, generator=self._generator)
+        if self._priorities is not None and alpha is not None:
+            anchors = attrs.evolve(anchors, weights=self._priorities.weights(anchors.priorities))
         self._counts["chunks_sampled"] += batch_size
         return anchors
 
-    def _beta_now(self) -> float:
-        return 0.0
+    def _use_priorities(self, prioritized: object) -> bool:
+        """``sample_windows``' ``prioritized``: ``None`` means "if this buffer has them"."""
+        if prioritized is None:
+            return self._priorities is not None
+        if not isinstance(prioritized, bool):
+            raise wrong_type("prioritized", "a bool or None", prioritized)
+        if prioritized and self._priorities is None:
+            raise must("prioritized", f"False or None on a {type(self).__name__}", prioritized)
+        return prioritized
 
-    def _target(self, device: torch.device | str | None) -> torch.device:
-        return self._device if device is None else torch.device(device)
+    def _batch_device(self, device: object) -> torch.device:
+        return self._device if device is None else check_device("device", device)
 
     def _check_stored(self, episode_id: object) -> int:
         """Return ``episode_id`` as an int if it is stored; raise otherwise."""
@@ -472,31 +425,35 @@ class SequenceReplay:
         return episode_id
 
     # --------------------------------------------------------------------- stored state
-    def write_back(self, batch: WindowBatch, name: str, values: torch.Tensor) -> int:
+    def write_back(self, batch: Batch | WindowBatch, name: str, values: torch.Tensor) -> int:
         """Write per-record ``values`` (``[B, W, *field_shape]``) into stored field ``name``.
 
-        Only the batch's valid records whose episode is still stored are written (for
-        example refreshed recurrent states); returns how many records were written. Where
-        windows overlap, one of the overlapping values is kept.
+        ``batch`` is a `WindowBatch` (its valid records are written) or a chunk `Batch`
+        (every record is valid). Records of episodes evicted since the draw are skipped, for
+        example refreshed recurrent states; returns how many records were written. Where
+        records overlap, one of the overlapping values is kept.
         """
+        if isinstance(batch, WindowBatch):
+            mask, ids, steps = batch.validity_mask, batch.record_episode_ids, batch.record_steps
+        elif isinstance(batch, Batch):
+            length = next(iter(batch.data.values())).shape[1]
+            offsets = torch.arange(length, device=batch.starts.device)
+            steps = batch.starts.unsqueeze(1) + offsets
+            ids = batch.episode_ids.unsqueeze(1).expand_as(steps)
+            mask = torch.ones_like(steps, dtype=torch.bool)
+        else:
+            raise wrong_kind("batch", "a Batch or WindowBatch", type(batch).__name__)
         with self._lock:
-            if self._schema is None or name not in self._schema:
-                raise must("name", f"a stored field {sorted(self._schema or {})}", name)
-            shape, dtype = self._schema[name]
-            expected = (*batch.validity_mask.shape, *shape)
-            if not isinstance(values, torch.Tensor):
-                raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
-            if tuple(values.shape) != expected:
-                raise must("values", f"of shape {expected}", tuple(values.shape))
-            if values.dtype != dtype:
-                raise SchemaDtypeError(f"values must have dtype {dtype}, got {values.dtype}")
-            ids = batch.record_episode_ids.to(self._device)
-            write = batch.validity_mask.to(self._device) & self._table.is_stored(ids)
+            if self._schema is None:
+                raise must("name", "a stored field []", name)
+            self._schema.check_values(name, values, tuple(mask.shape))
+            ids, steps = ids.to(self._device), steps.to(self._device)
+            write = mask.to(self._device) & self._table.is_stored(ids)
             rows = self._table.rows_of(ids[write])
-            offsets = self._table.start[rows] + batch.record_steps.to(self._device)[write]
+            offsets = self._table.start[rows] + steps[write]
             # Stored data is never part of an autograd graph (states from a forward pass).
             stored = values.detach().to(self._device)[write]
-            self._ring.fields[name][offsets % self._capacity] = stored
+            self._ring.scatter(name, offsets, stored, self._table.oldest_offset)
             return int(write.sum())
 
     # ---------------------------------------------------------------------- prefetching
@@ -512,38 +469,17 @@ class SequenceReplay:
 
         Up to ``prefetch`` batches wait ready; each was drawn with the priorities of the
         moment it was drawn, so updates made meanwhile reach batches drawn after them.
-        Closing the iterator (or leaving a ``for`` loop) stops the thread.
+        Prefetched batches are drawn when they are prepared, so they count towards
+        max_times_sampled (and ``chunks_sampled``) even if the loop never consumes them.
+        Closing the iterator (``close()``, or leaving a ``for`` loop or ``with`` block) stops
+        and joins the thread; an iterator that is merely dropped stops its thread without
+        waiting for it.
         """
-        check_int("batch_size", batch_size, minimum=1)
-        check_int("prefetch", prefetch, minimum=1)
+        check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
+        check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
         _check_window(window)
-        return iterate_in_background(
-            lambda: self.sample_windows(batch_size, window, device=device), prefetch
-        )
-
-    # Checkpoint hooks: subclasses extend the configuration and the extra state.
-    def _config(self) -> dict[str, Any]:
-        return {
-            "capacity": self._capacity,
-            "device": str(self._device),
-            "unit": self.unit,
-            "max_times_sampled": self.max_times_sampled,
-        }
-
-    def _check_config(self, config: Mapping[str, Any]) -> None:
-        mine = {k: v for k, v in self._config().items() if k != "device"}
-        theirs = {k: v for k, v in config.items() if k != "device"}
-        if mine != theirs:
-            raise CheckpointError(f"checkpoint configuration must be {mine}, got {theirs}")
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {}
-
-    def _check_extra_state(self, extra: Mapping[str, Any]) -> None:
-        pass
-
-    def _load_extra_state(self, extra: Mapping[str, Any]) -> None:
-        pass
+        target = self._batch_device(device)
+        return Prefetcher(lambda: self.sample_windows(batch_size, window, device=target), prefetch)
 
     # ------------------------------------------------------------------------- reporting
     def stats(self) -> dict[str, int]:
@@ -557,64 +493,220 @@ class SequenceReplay:
                 "transitions_stored": len(self),
             }
 
+    def reseed(self, seed: int | torch.Generator | None = None) -> None:
+        """Restart the random stream: from ``seed`` (as the constructor's), or the OS.
+
+        For reproducible draws in forked workers (for example a ``torch.utils.data``
+        ``DataLoader``), reseed in each worker from its own seed:
+        ``worker_init_fn=lambda worker: buffer.reseed(torch.initial_seed() % 2**64)``.
+        """
+        generator = _make_generator(seed, self._device)
+        with self._lock:
+            self._generator = generator
+
     # ----------------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to restore the buffer exactly (tensors on CPU)."""
         with self._lock:
-            return checkpoint.pack(self)
+            return checkpoint.pack(self._snapshot())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore from `state_dict`; on any error the buffer is left unchanged."""
+        """Restore from `state_dict`; on any error the buffer is left unchanged.
+
+        Raises
+        ------
+        CheckpointError
+            For a state of another class, another configuration, or one that breaks an
+            invariant of the episode table, the data, the counters, the RNG state or the
+            priorities.
+        """
         with self._lock:
-            checkpoint.unpack_into(self, state)
+            checkpoint.check_header(state)
+            if state.get("class") != type(self).__name__:
+                raise CheckpointError(
+                    f"checkpoint class must be a {type(self).__name__}, got {state.get('class')!r}"
+                )
+            snapshot = checkpoint.unpack(state, device=self._device, capacity=self._capacity)
+            priorities = self._check_snapshot(snapshot)
+            self._adopt(snapshot, priorities)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the buffer to ``path`` atomically (a temporary file, then a rename)."""
-        target = Path(path)
-        state = self.state_dict()
-        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(handle, "wb") as file:
-                torch.save(state, file)
-            os.replace(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        """Write the buffer to ``path`` atomically (a temporary file, then a rename).
+
+        The file carries a checksum of its contents: a corrupted file is refused by `load`.
+        """
+        checkpoint.write(path, self.state_dict())
 
     @classmethod
     def load(
-        cls: type[_Replay],
+        cls: type[_ReplayT],
         path: str | os.PathLike[str],
         *,
         device: torch.device | str | None = None,
-    ) -> _Replay:
+    ) -> _ReplayT:
         """Read a buffer saved by `save`; returns the class that was saved.
 
         Raises
         ------
         CheckpointError
-            (a ``ValueError``) for a file that is not a buffer, is truncated, or has an
-            unknown format version.
+            (a ``ValueError``) for a file that is not a buffer, is truncated or corrupt
+            (its checksum fails), has an unknown format version or a bad configuration.
         """
         state = checkpoint.read(path)
-        buffer = checkpoint.construct(state, device)
-        if not isinstance(buffer, cls):
-            raise checkpoint.wrong_class(cls, state)
+        saved = checkpoint.saved_class(state)
+        if not issubclass(saved, cls):
+            raise CheckpointError(
+                f"checkpoint class must be a {cls.__name__}, got {state.get('class')!r}"
+            )
+        config = state["config"]
+        if not isinstance(config, Mapping):
+            raise CheckpointError(f"checkpoint configuration must be a mapping, got {config!r}")
+        config = dict(config)
+        if device is not None:
+            config["device"] = device
+        try:
+            buffer = saved(**config)
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint configuration must be valid, got {error}") from None
         buffer.load_state_dict(state)
         return buffer
 
+    def _config(self) -> dict[str, Any]:
+        config = {
+            "capacity": self._capacity,
+            "device": str(self._device),
+            "unit": self.unit,
+            "max_times_sampled": self.max_times_sampled,
+        }
+        return config if self._priorities is None else {**config, **self._priorities.config()}
 
-def _generator(seed: int | torch.Generator | None, device: torch.device) -> torch.Generator:
+    def _snapshot(self) -> checkpoint.Snapshot:
+        return checkpoint.Snapshot(
+            class_name=type(self).__name__,
+            config=self._config(),
+            schema=self._schema,
+            table=self._table,
+            ring=self._ring,
+            counts=dict(self._counts),
+            evicted_unsampled=int(self._evicted_unsampled),
+            episodes_retired=int(self._sampler.episodes_retired),
+            rng=self._generator.get_state(),
+            extra={} if self._priorities is None else self._priorities.state(),
+        )
+
+    def _check_snapshot(self, snapshot: checkpoint.Snapshot) -> Priorities | None:
+        """Refuse a snapshot this buffer cannot adopt; return the priorities it restores."""
+        if snapshot.class_name != type(self).__name__:
+            raise CheckpointError(
+                f"checkpoint class must be a {type(self).__name__}, got {snapshot.class_name!r}"
+            )
+        mine = {k: v for k, v in self._config().items() if k != "device"}
+        theirs = {k: v for k, v in snapshot.config.items() if k != "device"}
+        if mine != theirs:
+            raise CheckpointError(f"checkpoint configuration must be {mine}, got {theirs}")
+        _check_counts(snapshot, self.max_times_sampled)
+        try:  # a state torch refuses, on a scratch generator so that ours stays untouched
+            torch.Generator(device=self._device).set_state(snapshot.rng)
+        except (RuntimeError, TypeError, ValueError) as error:
+            raise CheckpointError(
+                f"checkpoint rng must be a state of this buffer's generator, got one torch "
+                f"refuses ({str(error).splitlines()[0]})"
+            ) from None
+        table = snapshot.table
+        stored = table.priority[table.stored_rows()]
+        if self._priorities is None:
+            if snapshot.extra:
+                raise CheckpointError(f"checkpoint extra state must be empty, got {snapshot.extra}")
+            if not bool((stored == 1.0).all()):
+                raise CheckpointError(
+                    "checkpoint priority of every episode of a uniform buffer must be 1, got "
+                    f"{sorted(set(stored.tolist()) - {1.0})[:3]}"
+                )
+            return None
+        return self._priorities.with_state(snapshot.extra, stored)
+
+    def _adopt(self, snapshot: checkpoint.Snapshot, priorities: Priorities | None) -> None:
+        """Commit a checked snapshot (nothing here can fail)."""
+        self._schema = snapshot.schema
+        self._ring = snapshot.ring
+        self._table = snapshot.table
+        self._sampler.table = snapshot.table
+        self._sampler.invalidate()
+        self._sampler.episodes_retired.fill_(snapshot.episodes_retired)
+        self._counts = dict(snapshot.counts)
+        self._evicted_unsampled = snapshot.evicted_unsampled
+        self._generator.set_state(snapshot.rng)
+        self._priorities = priorities
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock, and a random stream of its own."""
+        self._lock = threading.RLock()
+        self._generator.seed()
+
+
+def _check_counts(snapshot: checkpoint.Snapshot, reuse_limit: int | None) -> None:
+    """Refuse counters that contradict the table (or the reuse limit) they were saved with."""
+    table, counts = snapshot.table, snapshot.counts
+    stored = table.stored_rows()
+    times = table.times_sampled[stored]
+    expected = {
+        "episodes_added": table.next_id,
+        "episodes_evicted": table.first_id,
+        "transitions_added": table.next_offset,
+        "transitions_evicted": table.oldest_offset,
+    }
+    for name, value in expected.items():
+        if counts[name] != value:
+            raise CheckpointError(
+                f"checkpoint counts[{name!r}] must equal the table's {value}, got {counts[name]}"
+            )
+    if snapshot.evicted_unsampled > table.first_id:
+        raise CheckpointError(
+            f"checkpoint evicted_unsampled must be <= episodes_evicted ({table.first_id}), "
+            f"got {snapshot.evicted_unsampled}"
+        )
+    if reuse_limit is not None and bool((times > reuse_limit).any()):
+        raise CheckpointError(
+            f"checkpoint times_sampled must be <= max_times_sampled={reuse_limit}, "
+            f"got {int(times.max())}"
+        )
+    if int(times.sum()) > counts["chunks_sampled"]:
+        raise CheckpointError(
+            f"checkpoint chunks_sampled must be >= the draws of stored episodes "
+            f"({int(times.sum())}), got {counts['chunks_sampled']}"
+        )
+    retired = 0 if reuse_limit is None else int((times >= reuse_limit).sum())
+    if not retired <= snapshot.episodes_retired <= table.next_id:
+        raise CheckpointError(
+            f"checkpoint episodes_retired must be in [{retired}, {table.next_id}] for its "
+            f"table, got {snapshot.episodes_retired}"
+        )
+
+
+def _make_generator(seed: object, device: torch.device) -> torch.Generator:
     if isinstance(seed, torch.Generator):
         return seed
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
     else:
-        generator.manual_seed(check_int("seed", seed, minimum=0))
+        generator.manual_seed(check_int("seed", seed, minimum=0, maximum=_SEED_MAX))
     return generator
 
 
 def _check_window(window: object) -> None:
     if not isinstance(window, Window):
         raise TypeError(f"window must be a Window, got {type(window).__name__}")
+
+
+checkpoint.register(SequenceReplay)
+_buffers: weakref.WeakSet[SequenceReplay] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for buffer in list(_buffers):
+        buffer._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -1,4 +1,4 @@
-"""Sampling: which anchors to draw. One sum tree per (span, prioritized) over episode rows.
+"""Sampling: which anchors to draw. One sum tree per (span, alpha) over episode rows.
 
 An *anchor* is ``(episode, step)``. For a learning region spanning ``span`` steps, the eligible
 anchors of an episode of length ``T`` are its steps ``0 .. T - span`` (``max(T - span + 1, 0)``
@@ -7,27 +7,35 @@ of them). The sampler draws an episode row from a sum tree whose leaf for each s
 * ``unit="chunk"``:   ``n_e * m_e`` (every eligible anchor equally likely, times its weight),
 * ``unit="episode"``: ``[n_e > 0] * m_e`` (every episode with an eligible anchor equally likely),
 
-where ``m_e = p_e ** alpha`` for a prioritized draw and 1 for a uniform one, and then a step
-uniformly among the episode's eligible anchors. Retired episodes (reuse limit reached) and
-evicted rows have leaf 0. The trees are caches of the episode table: writers mark rows dirty,
-and the next draw recomputes exactly those leaves (O(k log E)), so ``add`` stays O(1).
+where ``m_e = (p_e / s) ** alpha`` for a prioritized draw (alpha a float) and 1 for a uniform one
+(alpha ``None``), and then a step uniformly among the episode's eligible anchors. The scale
+``s`` is the largest priority among the eligible episodes when the tree was built: it cancels
+in every probability, and keeps ``m_e <= 1`` so that no finite priority overflows float64 or
+underflows all masses to zero. A tree whose total drifts out of ``[2**-700, 2**700]`` (its
+priorities moved by hundreds of orders of magnitude) is rebuilt with a new scale. Retired
+episodes (reuse limit reached) and evicted rows have leaf 0. The trees are caches of the
+episode table: writers mark rows dirty, and the next draw recomputes exactly those leaves
+(O(k log E)), so ``add`` stays O(1).
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import attrs
+import numpy as np
 import torch
 
 from lucid_replay import arrays, sum_tree
 from lucid_replay.arrays import Array
-from lucid_replay.errors import ReuseLimitError
-from lucid_replay.storage import EpisodeTable
+from lucid_replay.errors import ReuseLimitError, must
+from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module
 
 _MAX_TREES = 8  # distinct spans kept at once; the least recently used tree is dropped beyond
+_TOTAL_RANGE = (2.0**-700, 2.0**700)  # leaves <= n_e <= 2**62 each after a rescale
 
 
 def eligible_anchors(lengths: Array, span: int) -> Array:
@@ -38,12 +46,18 @@ def eligible_anchors(lengths: Array, span: int) -> Array:
 
 @attrs.frozen(eq=False)
 class Anchors:
-    """Drawn anchors: table rows, episode ids and steps (int64 ``[B]``), IS weights or None."""
+    """Drawn anchors: table rows, episode ids and steps (int64 ``[B]``).
+
+    ``priorities`` (float64 ``[B]``, of the `arrays` engine) are the drawn episodes'
+    priorities for a prioritized draw, from which the caller computes importance weights over
+    the whole batch; ``None`` for a uniform draw. ``weights`` are those weights once computed.
+    """
 
     rows: torch.Tensor
     episode_ids: torch.Tensor
     steps: torch.Tensor
-    weights: torch.Tensor | None
+    priorities: Array = None
+    weights: torch.Tensor | None = None
 
 
 class AnchorSampler:
@@ -63,9 +77,8 @@ class AnchorSampler:
         self.table = table
         self.unit = unit
         self.reuse_limit = reuse_limit
-        self.alpha = 0.0
         self.episodes_retired = torch.zeros((), dtype=torch.int64, device=table.device)
-        self._trees: OrderedDict[tuple[int, bool], _CachedTree] = OrderedDict()
+        self._trees: OrderedDict[tuple[int, float | None], _CachedTree] = OrderedDict()
         self._generation = table.generation
 
     # ------------------------------------------------------------------------ the cache
@@ -76,8 +89,8 @@ class AnchorSampler:
 
     def mark_priorities_dirty(self, rows: torch.Tensor) -> None:
         """Note that only the priorities of ``rows`` changed (uniform trees stay exact)."""
-        for (_, prioritized), tree in self._trees.items():
-            if prioritized:
+        for (_, alpha), tree in self._trees.items():
+            if alpha is not None:
                 tree.note(rows, self.table.row_count)
 
     def tree_bytes(self) -> int:
@@ -89,69 +102,102 @@ class AnchorSampler:
         self._trees.clear()
         self._generation = self.table.generation
 
-    def leaf_values(self, rows: Array, span: int, prioritized: bool) -> Array:
-        """The leaf mass of table ``rows`` in the tree for ``(span, prioritized)``.
+    def leaf_values(self, rows: Array, span: int, alpha: float | None, scale: float) -> Array:
+        """The leaf mass of table ``rows`` in the tree for ``(span, alpha)`` at ``scale``.
 
         ``rows`` and the result are of the table's `EpisodeTable.arrays` engine; the mass is an
         integer, bool or float64 array, exact when stored in the float64 tree.
         """
-        table, column = self.table, self.table.arrays
-        ids = column["episode_id"][rows]
-        live = (ids >= table.first_id) & (ids < table.next_id)
+        column = self.table.arrays
+        live = self.table.is_stored(column["episode_id"][rows])
         if self.reuse_limit is not None:
             live = live & (column["times_sampled"][rows] < self.reuse_limit)
         count = eligible_anchors(column["length"][rows], span)
         mass = count if self.unit == "chunk" else count > 0
-        if prioritized:
-            mass = mass * column["priority"][rows] ** self.alpha
-        return mass * live
+        if alpha is None:
+            return mass * live
+        # An overflow to inf makes `_cached` rescale; rows that are not drawable (dead, or
+        # without an eligible anchor: 0 * inf) are zeroed by the mask.
+        with np.errstate(over="ignore", invalid="ignore"):
+            mass = mass * (column["priority"][rows] / scale) ** alpha
+        return arrays.where(live & (count > 0), mass, 0.0)
 
-    def tree(self, span: int, prioritized: bool) -> torch.Tensor:
-        """The up-to-date tree for ``(span, prioritized)``, built on first use.
+    def tree(self, span: int, alpha: float | None) -> torch.Tensor:
+        """The up-to-date tree for ``(span, alpha)`` (``None``: uniform), built on first use.
 
         Each tree refreshes only its own pending rows, and only when it is drawn from, so
         adds and updates cost nothing for trees a training loop is not using right now.
         """
+        return self._cached(span, alpha).nodes
+
+    def _cached(self, span: int, alpha: float | None) -> _CachedTree:
         if self._generation != self.table.generation:
             self.invalidate()
-        key = (span, prioritized)
+        key = (span, alpha)
         cached = self._trees.get(key)
-        every = self.table.row_count
+        if cached is not None and cached.pending and not cached.stale:
+            rows = cached.take_pending(self.table.device)
+            values = self.leaf_values(rows, span, alpha, cached.scale)
+            sum_tree.assign_leaves(cached.nodes, rows, values)
+            low, high = _TOTAL_RANGE
+            if alpha is not None and not low <= float(sum_tree.total(cached.nodes)) <= high:
+                cached.stale = True  # priorities moved far from the scale: rescale
         if cached is None or cached.stale:
-            rows = arrays.engine(torch.arange(every, device=self.table.device))
-            leaves = arrays.tensor(self.leaf_values(rows, span, prioritized))
-            cached = _CachedTree(sum_tree.build(leaves))
+            cached = self._build(span, alpha)
             self._trees[key] = cached
             if len(self._trees) > _MAX_TREES:
                 self._trees.popitem(last=False)
-        elif cached.pending:
-            rows = cached.take_pending(self.table.device)
-            sum_tree.assign_leaves(cached.nodes, rows, self.leaf_values(rows, span, prioritized))
         self._trees.move_to_end(key)
-        return cached.nodes
+        return cached
+
+    def _build(self, span: int, alpha: float | None) -> _CachedTree:
+        """A tree over every row, scaled by the largest eligible priority (O(E))."""
+        rows = arrays.engine(torch.arange(self.table.row_count, device=self.table.device))
+        scale = 1.0
+        if alpha is not None:
+            eligible = self.leaf_values(rows, span, None, 1.0) > 0
+            if bool(eligible.any()):
+                scale = float(self.table.arrays["priority"][rows][eligible].max())
+        leaves = arrays.tensor(self.leaf_values(rows, span, alpha, scale))
+        return _CachedTree(sum_tree.build(leaves), scale)
+
+    def log_mass(self, span: int, alpha: float | None) -> float:
+        """``log`` of the unscaled total mass (``-inf`` when nothing is eligible).
+
+        Masses of several samplers with the same ``alpha`` compare in this form whatever their
+        trees' scales: ``log sum_e n_e p_e^alpha`` for chunks.
+        """
+        cached = self._cached(span, alpha)
+        total = float(sum_tree.total(cached.nodes))
+        if total <= 0:
+            return -math.inf
+        return math.log(total) + (0.0 if alpha is None else alpha * math.log(cached.scale))
 
     # ------------------------------------------------------------------------- drawing
-    def mass(self, span: int, prioritized: bool) -> float:
-        """Total leaf mass for ``(span, prioritized)``; zero means nothing is eligible."""
-        return float(sum_tree.total(self.tree(span, prioritized)))
+    def mass(self, span: int, alpha: float | None) -> float:
+        """Total leaf mass for ``(span, alpha)`` at its tree's scale; zero: nothing eligible.
+
+        For the uniform tree (``alpha=None``) this is the number of eligible anchors
+        (``unit="chunk"``) or episodes (``unit="episode"``), O(1) amortised.
+        """
+        return float(sum_tree.total(self.tree(span, alpha)))
 
     def draw(
         self,
         batch_size: int,
         span: int,
         *,
-        prioritized: bool,
-        beta: float,
+        alpha: float | None,
         generator: torch.Generator,
     ) -> Anchors:
         """Draw ``batch_size`` anchors with replacement (O(B log E)).
 
-        The caller checks ``mass(span, prioritized) > 0`` first. Under a reuse limit no
-        episode is drawn more than its remaining allowance, also within this call; if the
-        eligible episodes cannot supply ``batch_size`` draws, `ReuseLimitError` is raised, the
+        The caller checks ``mass(span, alpha) > 0`` first. Under a reuse limit no episode is
+        drawn more than its remaining allowance, also within this call; if the eligible
+        episodes cannot supply ``batch_size`` draws, `ReuseLimitError` is raised, the
         generator is rewound and nothing changes.
         """
-        tree = self.tree(span, prioritized)
+        tree = self.tree(span, alpha)
         column = self.table.arrays
         if self.reuse_limit is None:
             rows, steps = self._draw_rows(tree, batch_size, span, generator)
@@ -160,16 +206,11 @@ class AnchorSampler:
             drawn_rows, drawn_steps = self._draw_within_limit(tree, batch_size, span, generator)
             self._count_draws_within_limit(drawn_rows)
             rows, steps = arrays.engine(drawn_rows), arrays.engine(drawn_steps)
-        weights = None
-        if prioritized:
-            scaled = column["priority"][rows] ** self.alpha
-            # (N P_i)^-beta / max_j (N P_j)^-beta: N and the normaliser cancel.
-            weights = arrays.tensor(arrays.cast((scaled.min() / scaled) ** beta, torch.float32))
         return Anchors(
             arrays.tensor(rows),
             arrays.tensor(column["episode_id"][rows]),
             arrays.tensor(steps),
-            weights,
+            None if alpha is None else column["priority"][rows],
         )
 
     def _count_draws_within_limit(self, rows: torch.Tensor) -> None:
@@ -216,11 +257,7 @@ class AnchorSampler:
             while rows.numel() < batch_size:
                 if float(sum_tree.total(tree)) <= 0:
                     generator.set_state(saved_state)
-                    raise ReuseLimitError(
-                        f"batch_size must be <= the draws left under max_times_sampled="
-                        f"{self.reuse_limit} for the eligible episodes "
-                        f"({self._draws_left(span)}), got {batch_size}"
-                    )
+                    raise self.reuse_limit_error(span, batch_size)
                 drawn = self._draw_rows(tree, batch_size - rows.numel(), span, generator)
                 new_rows, new_steps = arrays.tensor(drawn[0]), arrays.tensor(drawn[1])
                 every = torch.cat([rows, new_rows])
@@ -237,21 +274,64 @@ class AnchorSampler:
                 self.mark_dirty(used_up)
         return rows, steps
 
-    def _draws_left(self, span: int) -> int:
-        """Draws the reuse limit still allows to episodes with an eligible anchor (O(E))."""
-        assert self.reuse_limit is not None
+    def draws_left(self, span: int) -> int | None:
+        """Draws the reuse limit still allows to episodes with an eligible anchor (O(E)).
+
+        ``None`` without a reuse limit.
+        """
+        if self.reuse_limit is None:
+            return None
         table = self.table
         rows = table.stored_rows()
         eligible = eligible_anchors(table.length[rows], span) > 0
         left = (self.reuse_limit - table.times_sampled[rows]).clamp_min(0)
         return int((left * eligible).sum())
 
+    def nothing_eligible(self, span: int, what: str, batch_size: int) -> Exception:
+        """The error for a draw of ``span`` from a non-empty table with zero mass.
+
+        ``what`` names the argument that set the span (``"length"``, ...).
+        """
+        table = self.table
+        longest = int(table.length[table.stored_rows()].max())
+        if longest < span:
+            return must(what, f"<= the longest stored episode ({longest} steps)", span)
+        return self.reuse_limit_error(span, batch_size)
+
+    def reuse_limit_error(self, span: int, batch_size: int) -> ReuseLimitError:
+        """The error for asking ``batch_size`` draws of ``span`` beyond the reuse limit."""
+        return ReuseLimitError(
+            f"batch_size must be <= the draws left under max_times_sampled="
+            f"{self.reuse_limit} for the eligible episodes ({self.draws_left(span)}), "
+            f"got {batch_size}"
+        )
+
+    def leading_retired(self) -> int:
+        """How many of the oldest stored episodes, in a row, are retired (reclaimable now).
+
+        Reads the table in blocks of 64 rows from the oldest: O(retired + 64).
+        """
+        limit, table = self.reuse_limit, self.table
+        if limit is None:
+            return 0
+        count = 0
+        while table.first_id + count < table.next_id:
+            first = table.first_id + count
+            ids = torch.arange(first, min(first + 64, table.next_id), device=table.device)
+            retired = table.times_sampled[table.rows_of(ids)] >= limit
+            leading = int(retired.int().cumprod(dim=0).sum())
+            count += leading
+            if leading < ids.numel():
+                break
+        return count
+
 
 class _CachedTree:
-    """A sum tree and the rows whose leaves changed since it was last refreshed."""
+    """A sum tree, the scale of its leaves and the rows whose leaves changed since."""
 
-    def __init__(self, nodes: torch.Tensor) -> None:
+    def __init__(self, nodes: torch.Tensor, scale: float) -> None:
         self.nodes = nodes
+        self.scale = scale
         self.pending: list[int | torch.Tensor] = []
         self.pending_count = 0
         self.stale = False  # so many rows changed that a rebuild is cheaper

@@ -10,31 +10,47 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import attrs
+import numpy as np
 import torch
 
 from lucid_replay import arrays
-from lucid_replay.errors import check_int, must
-from lucid_replay.storage import EpisodeTable
+from lucid_replay.checks import check_int
+from lucid_replay.errors import must, wrong_type
+from lucid_replay.sampling import Anchors
+from lucid_replay.table import EpisodeTable
 
 __all__ = ["Window"]
 
 Boundary = Literal["pad", "stop", "include_reset"]
 _BOUNDARIES = ("pad", "stop", "include_reset")
+MAX_RECORDS = 2**24  # per count (length, burn_in, bootstrap): far beyond any sequence model
+MAX_SPAN = 2**56  # steps a window may cover, so that offset + span stays an int64
 
 
-def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
-    def validate(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-        check_int(attribute.name, value, minimum=minimum)
+def _count(minimum: int) -> Callable[[object, attrs.Attribute[int], Any], None]:
+    def validate(instance: object, attribute: attrs.Attribute[int], value: Any) -> None:
+        check_int(attribute.name, value, minimum=minimum, maximum=MAX_RECORDS)
 
     return validate
 
 
+def _dilation(instance: object, attribute: attrs.Attribute[int], value: Any) -> None:
+    check_int(attribute.name, value, minimum=1)
+
+
+def _as_int(value: Any) -> Any:
+    """Numpy integers become Python ints (validated after); anything else is left to refuse."""
+    if isinstance(value, np.integer):  # np.bool_ is not an np.integer
+        return int(value)
+    return value
+
+
 def _is_bool(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{attribute.name} must be a bool, got {value!r}")
+        raise wrong_type(attribute.name, "a bool", value)
 
 
 def _known_boundary(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -74,7 +90,11 @@ class Window:
     Raises
     ------
     InvalidArgumentError
-        For a value outside the ranges above or an unknown ``boundary``.
+        For a value outside the ranges above or an unknown ``boundary``; for a count above
+        ``2**24`` records or a span above ``2**56`` steps (so that step offsets stay int64).
+    TypeError
+        For a count that is not an integer (numpy integers are converted to ``int``) or an
+        ``allow_partial`` that is not a bool.
 
     Examples
     --------
@@ -83,12 +103,16 @@ class Window:
     (7, 13, [False, False, True, True, True, True, False])
     """
 
-    length: int = attrs.field(validator=_at_least(1))
-    burn_in: int = attrs.field(default=0, kw_only=True, validator=_at_least(0))
-    bootstrap: int = attrs.field(default=0, kw_only=True, validator=_at_least(0))
-    dilation: int = attrs.field(default=1, kw_only=True, validator=_at_least(1))
+    length: int = attrs.field(converter=_as_int, validator=_count(1))
+    burn_in: int = attrs.field(default=0, kw_only=True, converter=_as_int, validator=_count(0))
+    bootstrap: int = attrs.field(default=0, kw_only=True, converter=_as_int, validator=_count(0))
+    dilation: int = attrs.field(default=1, kw_only=True, converter=_as_int, validator=_dilation)
     boundary: Boundary = attrs.field(default="pad", kw_only=True, validator=_known_boundary)
     allow_partial: bool = attrs.field(default=False, kw_only=True, validator=_is_bool)
+
+    def __attrs_post_init__(self) -> None:
+        if self.span > MAX_SPAN:
+            raise must("span (1 + dilation * (size - 1))", "<= 2**56 steps", self.span)
 
     @property
     def size(self) -> int:
@@ -145,23 +169,17 @@ def layout(window: Window, device: torch.device) -> Layout:
     return Layout(record, step_offset, window.learning_mask.to(device))
 
 
-def expand(
-    table: EpisodeTable,
-    rows: torch.Tensor,
-    episode_ids: torch.Tensor,
-    anchors: torch.Tensor,
-    window: Window,
-) -> Records:
-    """Expand anchors ``(episode_ids, anchors)`` into records.
+def expand(table: EpisodeTable, anchors: Anchors, window: Window) -> Records:
+    """Expand ``anchors`` (stored episodes, their rows and steps) into records.
 
-    ``episode_ids`` are stored ids and ``rows`` their table rows (int64 ``[B]`` each). One
-    vectorised computation for the whole batch; cost O(B W), plus O(n log E) for the n records
-    that ``include_reset`` sends into other episodes. Per-window quantities are computed on the
-    table's `arrays` engine, the ``[B, W]`` ones in torch.
+    One vectorised computation for the whole batch; cost O(B W), plus O(n log E) for the n
+    records that ``include_reset`` sends into other episodes. Per-window quantities are
+    computed on the table's `arrays` engine, the ``[B, W]`` ones in torch.
     """
-    column, where = table.arrays, arrays.engine(rows)
+    episode_ids = anchors.episode_ids
+    column, where = table.arrays, arrays.engine(anchors.rows)
     last = column["length"][where] - 1
-    anchor = arrays.engine(anchors)
+    anchor = arrays.engine(anchors.steps)
     if window.boundary == "stop":
         to_last_record = window.dilation * (window.length + window.bootstrap - 1)
         overrun = to_last_record - (last - anchor)
@@ -176,7 +194,7 @@ def expand(
     at_last = at_last + window.size * ~column["terminated"][where]  # never if not terminated
     starts = column["start"][where]
     first_offset = starts + anchor - window.burn_in * window.dilation
-    record, step_offset, _ = layout(window, rows.device)
+    record, step_offset, _ = layout(window, episode_ids.device)
     target = arrays.tensor(anchor).unsqueeze(1) + step_offset
     if window.boundary == "include_reset":
         return _across_episodes(
@@ -190,7 +208,7 @@ def expand(
     return Records(
         offsets=arrays.tensor(starts).unsqueeze(1) + steps,
         first_offsets=arrays.tensor(first_offset),
-        episode_ids=episode_ids.unsqueeze(1).expand_as(target),
+        episode_ids=episode_ids.unsqueeze(1).expand_as(target).contiguous(),  # owned memory
         steps=steps,
         valid=steps == target,  # nothing was clamped
         is_init=record == arrays.tensor(first_valid).unsqueeze(1),

@@ -46,3 +46,34 @@ def index_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     """
     monkeypatch.setattr(lucid_replay.arrays, "numpy_on_cpu", request.param == "numpy")
     return str(request.param)
+
+
+def _comparable(value: object) -> object:
+    """``value`` with every tensor replaced by its dtype, shape and bytes, for ``==``."""
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        return (
+            "tensor",
+            str(value.dtype),
+            tuple(value.shape),
+            flat.view(torch.uint8).numpy().tobytes(),
+        )
+    if isinstance(value, dict):
+        return {key: _comparable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_comparable(item) for item in value)
+    return value
+
+
+def snapshot(buffer: lucid_replay.SequenceReplay) -> object:
+    """Everything a refused call must leave unchanged: the whole state dict (stored data,
+    episode table, counters, RNG state, beta and maximum priority) and the stats."""
+    return _comparable({"state": buffer.state_dict(), "stats": buffer.stats()})
+
+
+def assert_refused(buffer, call, error: type[BaseException], match: str) -> None:
+    """``call()`` raises ``error`` (message matching ``match``) and changes nothing."""
+    before = snapshot(buffer)
+    with pytest.raises(error, match=match):
+        call()
+    assert snapshot(buffer) == before

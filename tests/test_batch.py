@@ -196,7 +196,7 @@ def test_update_priorities_from_non_finite_inside_the_mask_raises_and_updates_no
         with pytest.raises(
             ValueError,
             match=r"^errors must be finite on valid learning records, got "
-            r"'a NaN or infinite value'$",
+            r"a NaN or infinite value$",
         ):
             buffer.update_priorities_from(batch, errors, eta=0.75)
         assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
@@ -626,3 +626,63 @@ def test_update_priorities_from_mask_narrows_the_counted_records():
     assert buffer.priorities.tolist() == pytest.approx([expected, 1.0])
     with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \(2, 3\)"):
         buffer.update_priorities_from(batch, errors, mask=torch.ones(2, 3))
+
+
+# ----------------------------------------------------------------------- memory ownership
+
+
+def test_window_batches_own_their_per_record_entries():
+    """Writing into one batch's masks or steps changes no later batch of any buffer, and
+    whole-column writes work (old: shared cache memory; ``[:, k] = False`` raised)."""
+    first, second = SequenceReplay(100, seed=0), SequenceReplay(100, seed=1)
+    for buffer in (first, second):
+        buffer.extend(make_episode(12) for _ in range(3))
+    window = Window(4, burn_in=2, bootstrap=1)
+    batch = first.sample_windows(8, window)
+    batch.learning_mask[:, 2] = False
+    batch.learning_mask[0, 4] = False
+    batch.step_in_sequence[0, 0] = 99
+    batch.record_episode_ids[:, 0] = -7
+    batch.validity_mask[:, 1] = False
+    for later in (first.sample_windows(8, window), second.sample_windows(8, window)):
+        assert later.learning_mask.tolist() == [window.learning_mask.tolist()] * 8
+        assert later.step_in_sequence.tolist() == [list(range(window.size))] * 8
+        assert (later.record_episode_ids >= 0).all()
+    for tensor in (batch.learning_mask, batch.step_in_sequence, batch.record_episode_ids):
+        assert tensor.is_contiguous()
+
+
+def test_chunk_batches_own_their_memory():
+    """Writing into a chunk batch changes neither storage nor a later batch."""
+    buffer = SequenceReplay(100, seed=0)
+    buffer.add(make_episode(6, first_serial=0))
+    batch = buffer.sample(4, 6)
+    batch["serial"][:] = -1
+    batch.starts[:] = 3
+    assert buffer[0]["serial"].tolist() == list(range(6))
+    assert buffer.sample(4, 6).starts.tolist() == [0, 0, 0, 0]
+
+
+def test_write_back_into_a_chunk_batch():
+    """`write_back` accepts a chunk `Batch`: every record is valid, evicted episodes are
+    skipped (old: AttributeError)."""
+    buffer = SequenceReplay(capacity=20, seed=0)
+    buffer.extend(make_episode(8, first_serial=100 * i) for i in range(2))
+    batch = buffer.sample(3, 4)
+    values = torch.stack([-batch["serial"], batch["serial"]], dim=2).to(torch.float32)
+    assert buffer.write_back(batch, "obs", values) == 12
+    for row in range(3):
+        episode = buffer[int(batch.episode_ids[row])]
+        start = int(batch.starts[row])
+        assert torch.equal(episode["obs"][start : start + 4], values[row])
+    buffer.add(make_episode(8))  # evicts episode 0
+    written = int((batch.episode_ids != 0).sum()) * 4
+    assert buffer.write_back(batch, "obs", values) == written
+
+
+def test_write_back_refuses_what_is_not_a_batch():
+    """`write_back` of something that is not a batch is our `TypeError`."""
+    buffer = SequenceReplay(capacity=20, seed=0)
+    buffer.add(make_episode(8))
+    with pytest.raises(TypeError, match="batch must be a Batch or WindowBatch"):
+        buffer.write_back({"obs": torch.zeros(1)}, "obs", torch.zeros(1, 1, 2))

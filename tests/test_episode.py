@@ -218,3 +218,24 @@ def test_from_transitions_refuses_steps_with_other_fields():
     """A step with other field names raises ValueError naming the step and the fields."""
     with pytest.raises(ValueError, match=r"transitions\[1\] must have fields \['x'\], got \['y'\]"):
         Episode.from_transitions([{"x": 1.0}, {"y": 2.0}])
+
+
+def test_any_mapping_is_accepted_tensordicts_included():
+    """`Episode` takes a TensorDict or any object with ``keys`` and ``__getitem__`` (old:
+    ``if not steps`` crashed on a TensorDict)."""
+    tensordict = pytest.importorskip("tensordict")
+    td = tensordict.TensorDict({"obs": torch.zeros(4, 3), "reward": torch.ones(4)}, batch_size=[4])
+    episode = Episode(td, terminated=True)
+    assert len(episode) == 4 and set(episode) == {"obs", "reward"}
+    assert torch.equal(episode["obs"], td["obs"])
+
+    class Steps:
+        def keys(self):
+            return ["x"]
+
+        def __getitem__(self, name):
+            return np.arange(3)
+
+    assert Episode(Steps())["x"].tolist() == [0, 1, 2]
+    with pytest.raises(InvalidArgumentError, match="at least one field"):
+        Episode(tensordict.TensorDict({}, batch_size=[4]))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from conftest import make_episode
+from conftest import assert_refused, make_episode
 
 from lucid_replay import (
     InvalidArgumentError,
@@ -679,9 +679,61 @@ def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
     priorities = buffer.priorities.numpy()
     rows = buffer._table.rows_of(torch.tensor(stored)).numpy()
     for span in (3, 6):
-        tree = buffer._sampler.tree(span, True)
+        tree = buffer._sampler.tree(span, alpha)
+        scale = buffer._sampler._cached(span, alpha).scale ** alpha  # cancels in every P
         counts = _anchors([lengths[i] for i in stored], span)
         expected = np.zeros(buffer._table.row_count)
         expected[rows] = counts * priorities**alpha
-        np.testing.assert_allclose(sum_tree.leaves(tree).numpy(), expected, rtol=1e-12)
-        assert float(sum_tree.total(tree)) == pytest.approx(expected.sum(), rel=1e-12)
+        leaves = sum_tree.leaves(tree).numpy() * scale
+        np.testing.assert_allclose(leaves, expected, rtol=1e-12)
+        assert float(sum_tree.total(tree)) * scale == pytest.approx(expected.sum(), rel=1e-12)
+
+
+# ------------------------------------------------------------------ extreme priorities
+def _two_episode_pvalue(buffer, ids, probs, draws=DRAWS) -> float:
+    batch = buffer.sample_prioritized(draws, 3)
+    return _pvalue(_episode_counts(batch, ids), probs)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize(
+    "alpha, errors",
+    [
+        (1.0, [1e308, 1e308]),  # p^alpha sums past float64's largest value
+        (1.0, [1e308, 0.5e308]),
+        (50.0, [1e7, 1.01e7]),  # p^alpha = 1e350 overflows
+        (60.0, [0.0, 0.0]),  # p^alpha = 1e-360 underflows to zero
+        (8.0, [1e-60, 2e-60]),  # epsilon 1e-300 keeps them apart; p^alpha underflows
+    ],
+)
+def test_exact_law_for_priorities_whose_power_overflows_or_underflows(alpha, errors):
+    """``P ∝ p^alpha`` holds and weights stay finite when ``p^alpha`` leaves float64's range
+    (old: one episode only, NaN weights, or a `ReuseLimitError` on a buffer with no limit)."""
+    buffer = PrioritizedSequenceReplay(100, alpha=alpha, beta=0.7, epsilon=1e-300, seed=5)
+    ids = buffer.extend(make_episode(5) for _ in range(2))
+    buffer.update_priorities(ids, errors)
+    logs = alpha * np.log(np.abs(np.asarray(errors, dtype=np.float64)) + 1e-300)
+    probs = np.exp(logs - logs.max())
+    probs /= probs.sum()
+    assert _two_episode_pvalue(buffer, ids, probs) > ACCEPT
+    weights = buffer.sample_prioritized(64, 3).weights
+    assert bool(torch.isfinite(weights).all()) and float(weights.max()) == 1.0
+
+
+def test_weights_of_extreme_priorities_match_the_formula_in_the_log_domain():
+    """``w = (p_min / p)^(alpha beta)`` over the batch, computed without overflow."""
+    buffer = PrioritizedSequenceReplay(100, alpha=50.0, beta=0.5, seed=1)
+    ids = buffer.extend(make_episode(5) for _ in range(2))
+    buffer.update_priorities(ids, [1e7, 1.01e7])
+    batch = buffer.sample_prioritized(256, 3)
+    priorities = np.array([1e7, 1.01e7]) + EPSILON
+    drawn = priorities[batch.indices.numpy() - ids[0]]
+    expected = (drawn.min() / drawn) ** (50.0 * 0.5)
+    np.testing.assert_allclose(batch.weights.numpy(), expected, rtol=1e-5)
+
+
+def test_error_whose_priority_would_be_infinite_is_refused():
+    """``|error| + epsilon`` beyond float64 is refused, nothing updated."""
+    buffer = PrioritizedSequenceReplay(100, epsilon=1e308, seed=0)
+    buffer.add(make_episode(4))
+    assert_refused(buffer, lambda: buffer.update_priorities([0], [1.7e308]), ValueError, "epsilon")

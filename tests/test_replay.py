@@ -468,7 +468,7 @@ def _write_bad_file(kind: str, path, good) -> None:
         path.write_bytes(data[: len(data) // 2])
     elif kind == "other-version":
         state = torch.load(good, weights_only=True)
-        state["version"] = 2
+        state["version"] = 3
         torch.save(state, path)
     else:  # pragma: no cover
         raise AssertionError(kind)
@@ -478,11 +478,11 @@ def _write_bad_file(kind: str, path, good) -> None:
     ("kind", "message"),
     [
         ("foreign-dict", r"must be a 'lucid_replay.buffer' checkpoint, got a mapping"),
-        ("tensor", r"must be a 'lucid_replay.buffer' checkpoint, got a Tensor"),
+        ("tensor", r"must be a 'lucid_replay.buffer' checkpoint, got a torch.int64 tensor"),
         ("random-bytes", r"must be a lucid_replay checkpoint, got an unreadable file"),
         ("empty-file", r"must be a lucid_replay checkpoint, got an unreadable file"),
         ("truncated", r"must be a lucid_replay checkpoint, got an unreadable file"),
-        ("other-version", r"checkpoint version must be 1, got 2"),
+        ("other-version", r"checkpoint version must be one of \(1, 2\), got 3"),
     ],
 )
 def test_load_refuses_a_file_that_is_not_a_buffer(tmp_path, kind, message):
@@ -496,7 +496,7 @@ def test_load_refuses_a_file_that_is_not_a_buffer(tmp_path, kind, message):
     assert isinstance(info.value, CheckpointError)
 
 
-_COMPLETE = "state must be a complete checkpoint, got one that fails with KeyError: '{}'"
+_COMPLETE = r"state must be a complete checkpoint, got one without \['{}'\]"
 
 
 def _broken_states() -> dict[str, tuple[object, str, str | None]]:
@@ -527,7 +527,11 @@ def _broken_states() -> dict[str, tuple[object, str, str | None]]:
             "got a mapping with format 'something.else'",
             None,
         ),
-        "other-version": (set_key("version", 7), "checkpoint version must be 1, got 7", None),
+        "other-version": (
+            set_key("version", 7),
+            r"checkpoint version must be one of \(1, 2\), got 7",
+            None,
+        ),
         "other-class": (
             set_key("class", "PrioritizedSequenceReplay"),
             "checkpoint class must be a SequenceReplay, got 'PrioritizedSequenceReplay'",
@@ -555,11 +559,15 @@ def _broken_states() -> dict[str, tuple[object, str, str | None]]:
         ),
         "bad-dtype-name": (
             set_key("schema", {**schema, "obs": [[2], "float99"]}),
-            "schema dtype must be a torch dtype, got 'float99'",
+            r"schema\['obs'\] dtype must be a storable torch dtype, got 'float99'",
             None,
         ),
         "missing-format": (delete_key("format"), "got a mapping with format None", None),
-        "missing-version": (delete_key("version"), "version must be 1, got None", None),
+        "missing-version": (
+            delete_key("version"),
+            r"version must be one of \(1, 2\), got None",
+            None,
+        ),
         "missing-class": (delete_key("class"), "must be a SequenceReplay, got None", None),
         "retired-not-int": (set_key("episodes_retired", "x"), "checkpoint", None),
         "data-other-per-step-shape": (
@@ -673,7 +681,7 @@ def test_reuse_limit_is_never_exceeded_across_batches():
     assert buffer.stats()["episodes_retired"] == 4
     assert list(buffer.episode_ids) == [0, 1, 2, 3, 4]  # retired, still stored
     assert len(buffer[3]) == 7
-    with pytest.raises(ValueError, match="drawn max_times_sampled=3 times") as info:
+    with pytest.raises(ValueError, match="draws left under max_times_sampled=3") as info:
         buffer.sample(1, 2)
     assert isinstance(info.value, ReuseLimitError)
 

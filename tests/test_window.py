@@ -418,7 +418,7 @@ def test_sample_windows_prioritized_true_on_a_uniform_buffer_raises():
     """prioritized=True on a SequenceReplay raises ValueError and draws nothing."""
     buffer = _standard_buffer(seed=0)
     with pytest.raises(
-        ValueError, match=r"^prioritized on a SequenceReplay must be False or None, got True$"
+        ValueError, match=r"^prioritized must be False or None on a SequenceReplay, got True$"
     ):
         buffer.sample_windows(2, Window(1), prioritized=True)
     assert buffer.stats()["chunks_sampled"] == 0

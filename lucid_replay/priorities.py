@@ -1,0 +1,172 @@
+"""`Priorities`: the state and rules of prioritized replay, in one value.
+
+Alpha, epsilon, the initial and current beta and the largest priority ever set live here, with
+how an error becomes a priority, how drawn priorities become importance weights, and R2D2's
+reduction of per-record errors to one priority per window. The formulas are documented once,
+on `lucid_replay.PrioritizedSequenceReplay`.
+
+Powers are taken of ratios, never of raw priorities: ``(p / s) ** alpha`` for a reference ``s``
+and ``(p_min / p) ** (alpha * beta)`` for weights, so that no finite error overflows or
+underflows float64 where the law ``P ∝ p^alpha`` itself does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from lucid_replay import arrays
+from lucid_replay.arrays import Array
+from lucid_replay.checks import as_tensor, check_float
+from lucid_replay.errors import CheckpointError, must, must_have
+
+__all__: list[str] = []  # internal module
+
+_FLOAT64_MAX = float(torch.finfo(torch.float64).max)
+
+
+class Priorities:
+    """Alpha, epsilon, beta (initial and current) and the largest priority ever set.
+
+    Parameters
+    ----------
+    alpha, beta, epsilon
+        As `lucid_replay.PrioritizedSequenceReplay`; validated here.
+    """
+
+    def __init__(self, alpha: float, beta: float, epsilon: float) -> None:
+        self.alpha = check_float("alpha", alpha, minimum=0.0)
+        self.initial_beta = check_float("beta", beta, minimum=0.0)
+        self.epsilon = check_float("epsilon", epsilon, minimum=0.0, strict=True)
+        self.beta = self.initial_beta
+        self.max_priority = 1.0
+
+    # ---------------------------------------------------------------------- errors
+    def of_errors(self, errors: torch.Tensor) -> torch.Tensor:
+        """``|errors| + epsilon`` (float64), refusing a sum beyond float64's range.
+
+        ``errors`` is float64 and finite (checked by the caller).
+        """
+        priorities = errors.abs() + self.epsilon
+        overflow = torch.isinf(priorities)
+        if bool(overflow.any()):
+            at = int(overflow.nonzero()[0])
+            raise must(
+                f"errors[{at}]",
+                f"at most {_FLOAT64_MAX - self.epsilon:.6g} so that |error| + epsilon stays finite",
+                float(errors[at]),
+            )
+        return priorities
+
+    def raise_max(self, priority: float) -> None:
+        """Raise the largest priority ever set to ``priority`` if it is larger."""
+        self.max_priority = max(self.max_priority, priority)
+
+    def anneal(self, fraction: Any, final: Any) -> None:
+        """``beta = beta0 + fraction * (final - beta0)``; validated, calls do not compound."""
+        fraction = check_float("fraction", fraction, minimum=0.0, maximum=1.0)
+        final = check_float("final", final, minimum=0.0)
+        self.beta = self.initial_beta + fraction * (final - self.initial_beta)
+
+    # --------------------------------------------------------------------- weights
+    def weights(self, drawn: Array) -> torch.Tensor:
+        """Importance weights (float32) of a batch whose draws have priorities ``drawn``.
+
+        ``(N P_i)^-beta / max_j (N P_j)^-beta = (p_min / p_i)^(alpha beta)``: ``N`` and the
+        normaliser cancel, and the ratio is at most 1, so the power never overflows.
+        """
+        ratio = drawn.min() / drawn
+        return arrays.tensor(arrays.cast(ratio ** (self.alpha * self.beta), torch.float32))
+
+    # ------------------------------------------------------------------- snapshots
+    def config(self) -> dict[str, float]:
+        """The constructor's arguments."""
+        return {"alpha": self.alpha, "beta": self.initial_beta, "epsilon": self.epsilon}
+
+    def state(self) -> dict[str, float]:
+        """What changes after construction: current beta and the largest priority."""
+        return {"beta": self.beta, "max_priority": self.max_priority}
+
+    def with_state(self, state: object, stored: torch.Tensor) -> Priorities:
+        """A copy holding the saved ``state``, checked against the ``stored`` priorities.
+
+        Raises
+        ------
+        CheckpointError
+            Unless ``state`` holds exactly a finite ``beta >= 0`` and a finite
+            ``max_priority >= 1`` that no stored priority exceeds.
+        """
+        if not isinstance(state, Mapping) or set(state) != {"beta", "max_priority"}:
+            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            raise CheckpointError(
+                f"checkpoint extra state must hold exactly beta and max_priority, got {got}"
+            )
+        try:
+            beta = check_float("beta", state["beta"], minimum=0.0)
+            largest = check_float("max_priority", state["max_priority"], minimum=1.0)
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint {error}") from None
+        if stored.numel() and float(stored.max()) > largest:
+            raise CheckpointError(
+                f"checkpoint max_priority must be >= every stored priority "
+                f"({float(stored.max())}), got {largest}"
+            )
+        restored = Priorities(self.alpha, self.initial_beta, self.epsilon)
+        restored.beta, restored.max_priority = beta, largest
+        return restored
+
+
+def window_priorities(
+    learning_mask: torch.Tensor,
+    validity_mask: torch.Tensor,
+    record_episode_ids: torch.Tensor,
+    episode_ids: torch.Tensor,
+    errors: Any,
+    *,
+    eta: float,
+    mask: Any = None,
+) -> tuple[Array, Array]:
+    r"""R2D2's per-window priority from per-record errors ``[B, W]``.
+
+    Over the records of each window that are in the learning region, valid, in the anchor's
+    own episode and in ``mask``: $\eta \max |\delta| + (1 - \eta)\,\mathrm{mean} |\delta|$.
+    Returns the episode ids and mixed values of the windows that have a counted record, as
+    arrays of the `lucid_replay.arrays` engine of the masks' device.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For errors or a mask of another shape, or a NaN or infinite error on a counted record
+        (values outside the counted records are ignored).
+    """
+    device = validity_mask.device
+    values = as_tensor("errors", errors).to(device)
+    if values.dtype not in (torch.float32, torch.float64):  # also what numpy cannot hold
+        values = values.to(torch.float64)
+    shape = tuple(validity_mask.shape)
+    if tuple(values.shape) != shape:
+        raise must("errors", f"of shape {shape} or {shape[:1]}", tuple(values.shape))
+    if mask is not None:
+        mask = as_tensor("mask", mask).to(device)
+        if mask.dtype != torch.bool or tuple(mask.shape) != shape:
+            raise must_have(
+                "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
+            )
+    counted = arrays.engine(validity_mask) & arrays.engine(learning_mask)
+    own_episode = arrays.engine(record_episode_ids) == arrays.engine(episode_ids)[:, None]
+    counted = counted & own_episode
+    if mask is not None:
+        counted = counted & arrays.engine(mask)
+    magnitudes = arrays.where(counted, abs(arrays.engine(values)), 0.0)
+    records = counted.sum(1)
+    mean = magnitudes.sum(1) / (records + (records == 0))
+    mixed = eta * arrays.row_max(magnitudes) + (1 - eta) * mean
+    # A NaN or inf on a counted record reaches the max and the sum; others were masked.
+    if not arrays.all_finite(mixed):
+        raise must_have("errors", "finite on valid learning records", "a NaN or infinite value")
+    ids = arrays.engine(episode_ids)
+    if not bool(records.all()):  # windows without a counted record carry no signal
+        ids, mixed = ids[records > 0], mixed[records > 0]
+    return ids, mixed

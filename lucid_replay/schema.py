@@ -1,0 +1,226 @@
+"""`Schema`: the field names, per-step shapes and dtypes a buffer stores.
+
+One value serves every place that compares data against the buffer's layout: `add` (an
+episode's fields), `write_back` (values for one field), declared schemas and checkpoints.
+This module also owns which dtypes can be stored and which field names are taken by the
+per-record entries of a window batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from lucid_replay.errors import SchemaDtypeError, SchemaError, must, must_have
+
+__all__: list[str] = []  # internal module
+
+FieldSpec = tuple[tuple[int, ...], torch.dtype]
+
+# Dtypes that every storage path handles: slice and indexed copies, gathers (also strided,
+# across the ring's seam), equality, `torch.save`, on CPU and CUDA.
+SUPPORTED_DTYPES = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+)
+_SUGGESTED = {
+    torch.uint16: torch.int32,
+    torch.uint32: torch.int64,
+    torch.uint64: torch.int64,
+}
+
+# Names a window batch gives its per-record entries in `WindowBatch.flat` and `to_tensordict`;
+# a stored field of the same name would be shadowed there, so none may take one.
+RESERVED_NAMES = (
+    "is_init",
+    "learning_mask",
+    "record_episode_ids",
+    "record_steps",
+    "sequence_id",
+    "step_in_sequence",
+    "terminal",
+    "validity_mask",
+)
+
+_DTYPES_BY_NAME = {str(dtype): dtype for dtype in SUPPORTED_DTYPES}
+
+
+class Schema(Mapping[str, FieldSpec]):
+    """Field name -> ``(per-step shape, dtype)``; immutable, compares equal to a plain dict.
+
+    Field order does not matter: two schemas with the same entries are equal.
+    """
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: Mapping[str, FieldSpec]) -> None:
+        self._fields = {name: (tuple(shape), dtype) for name, (shape, dtype) in fields.items()}
+
+    @classmethod
+    def of(cls, steps: Mapping[str, torch.Tensor]) -> Schema:
+        """The schema of per-step tensors ``steps`` (``[T, *field_shape]`` each)."""
+        return cls({name: (tuple(t.shape[1:]), t.dtype) for name, t in steps.items()})
+
+    @classmethod
+    def declared(cls, fields: Any) -> Schema:
+        """A schema written by a user: name -> ``(shape, dtype)`` with a sequence shape.
+
+        Raises
+        ------
+        TypeError
+            If ``fields`` is not such a mapping.
+        SchemaError, SchemaDtypeError
+            If a name is reserved or a dtype cannot be stored (see `check_storable`).
+        """
+        if not isinstance(fields, Mapping) or not fields:
+            raise TypeError(
+                f"schema must be a non-empty mapping of name -> (shape, dtype), got {fields!r}"
+            )
+        parsed: dict[str, FieldSpec] = {}
+        for name, spec in fields.items():
+            if not isinstance(name, str):
+                raise TypeError(f"schema names must be str, got {name!r}")
+            try:
+                shape, dtype = spec
+                dims = tuple(shape)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"schema[{name!r}] must be a (shape tuple, torch dtype) pair, got {spec!r}"
+                ) from None
+            if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in dims):
+                raise must(f"schema[{name!r}] shape", "a tuple of ints >= 0", shape)
+            if not isinstance(dtype, torch.dtype):
+                raise TypeError(f"schema[{name!r}] dtype must be a torch.dtype, got {dtype!r}")
+            parsed[name] = (dims, dtype)
+        schema = cls(parsed)
+        schema.check_storable()
+        return schema
+
+    # ------------------------------------------------------------------------ Mapping
+    def __getitem__(self, name: str) -> FieldSpec:
+        return self._fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._fields.items()))
+
+    def __repr__(self) -> str:
+        return f"Schema({self._fields!r})"
+
+    # ------------------------------------------------------------------------- checks
+    def check_storable(self) -> None:
+        """Refuse reserved field names and dtypes the buffer cannot store.
+
+        Raises
+        ------
+        SchemaError
+            For a field named like a per-record entry of a window batch (``is_init``, ...).
+        SchemaDtypeError
+            For a dtype outside `SUPPORTED_DTYPES` (for example ``uint16``).
+        """
+        for name, (_, dtype) in self._fields.items():
+            if name in RESERVED_NAMES:
+                raise SchemaError(
+                    f"field names must not be one of the per-record entries of a window batch "
+                    f"{list(RESERVED_NAMES)}, got {name!r}: rename the field"
+                )
+            if dtype not in SUPPORTED_DTYPES:
+                instead = _SUGGESTED.get(dtype)
+                advice = f"; store it as {instead}" if instead is not None else ""
+                raise SchemaDtypeError(
+                    f"field {name!r} must have a dtype the buffer can store, gather and save "
+                    f"({', '.join(str(d) for d in SUPPORTED_DTYPES)}), got {dtype}{advice}"
+                )
+
+    def check(self, incoming: Mapping[str, FieldSpec]) -> None:
+        """Refuse an episode schema ``incoming`` that differs from this one.
+
+        Raises
+        ------
+        SchemaError
+            For missing or extra fields, or another per-step shape.
+        SchemaDtypeError
+            For another dtype.
+        """
+        if incoming == self:
+            return
+        if set(incoming) != set(self):
+            missing, extra = sorted(set(self) - set(incoming)), sorted(set(incoming) - set(self))
+            raise SchemaError(
+                f"episode fields must be {sorted(self)}, got missing {missing}, extra {extra}"
+            )
+        for name, (shape, dtype) in self.items():
+            got_shape, got_dtype = incoming[name]
+            if got_shape != shape:
+                raise SchemaError(
+                    f"field {name!r} must have per-step shape {shape}, got {got_shape}"
+                )
+            if got_dtype != dtype:
+                raise SchemaDtypeError(f"field {name!r} must have dtype {dtype}, got {got_dtype}")
+
+    def check_values(self, name: Any, values: Any, leading: tuple[int, ...]) -> None:
+        """Refuse ``values`` for field ``name`` unless a tensor of ``[*leading, *shape]``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For an unknown field or another shape.
+        TypeError
+            For a value that is not a tensor, or another dtype (`SchemaDtypeError`).
+        """
+        if not isinstance(name, str) or name not in self._fields:
+            raise must("name", f"a stored field {sorted(self)}", name)
+        shape, dtype = self._fields[name]
+        if not isinstance(values, torch.Tensor):
+            raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
+        expected = (*leading, *shape)
+        if tuple(values.shape) != expected:
+            raise must("values", f"of shape {expected}", tuple(values.shape))
+        if values.dtype != dtype:
+            raise SchemaDtypeError(f"values must have dtype {dtype}, got {values.dtype}")
+
+    # ------------------------------------------------------------------- checkpoints
+    def to_state(self) -> dict[str, list[Any]]:
+        """Plain containers for a checkpoint: name -> ``[shape list, dtype name]``."""
+        return {name: [list(shape), str(dtype)] for name, (shape, dtype) in self.items()}
+
+    @classmethod
+    def from_state(cls, state: Any) -> Schema:
+        """Parse `to_state` output; `ValueError`/`TypeError` for anything else."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"schema must be a mapping, got {type(state).__name__}")
+        fields: dict[str, FieldSpec] = {}
+        for name, entry in state.items():
+            if not isinstance(name, str) or not isinstance(entry, list | tuple) or len(entry) != 2:
+                raise must(f"schema[{name!r}]", "a [shape, dtype] pair", entry)
+            shape, dtype_name = entry
+            if not isinstance(shape, list | tuple) or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in shape
+            ):
+                raise must(f"schema[{name!r}] shape", "a list of ints >= 0", shape)
+            dtype = _DTYPES_BY_NAME.get(str(dtype_name))
+            if dtype is None:
+                raise must_have(
+                    f"schema[{name!r}] dtype", "a storable torch dtype", repr(dtype_name)
+                )
+            fields[name] = (tuple(shape), dtype)
+        schema = cls(fields)
+        schema.check_storable()
+        return schema
