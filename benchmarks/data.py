@@ -1,6 +1,6 @@
 """One synthetic data set shared by every backend: same transitions, same episode boundaries.
 
-Fields are SPEC section 5's: ``obs float32[obs_dim]``, ``action int64``, ``reward float32`` and
+Fields are the reference configuration's: ``obs float32[obs_dim]``, ``action int64``, ``reward float32`` and
 ``done`` / ``terminated`` / ``truncated`` bool (set at each episode's last step).
 """
 
