@@ -1,4 +1,4 @@
-"""The reference configuration (SPEC section 5) and the small ``--quick`` one."""
+"""The reference configuration of the performance bars and the small ``--quick`` one."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """One synthetic data set shared by every backend: same transitions, same episode boundaries.
 
-Fields are SPEC section 5's: ``obs float32[obs_dim]``, ``action int64``, ``reward float32`` and
-``done`` / ``terminated`` / ``truncated`` bool (set at each episode's last step).
+Fields are the reference configuration's: ``obs float32[obs_dim]``, ``action int64``,
+``reward float32`` and ``done`` / ``terminated`` / ``truncated`` bool (set at each episode's
+last step).
 """
 
 from __future__ import annotations

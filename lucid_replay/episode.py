@@ -144,7 +144,8 @@ class Episode:
     Examples
     --------
     >>> import torch
-    >>> episode = Episode({"obs": torch.zeros(3, 4), "reward": [1.0, 0.0, 2.0]}, terminated=True)
+    >>> steps = {"obs": torch.zeros(3, 4), "reward": [1.0, 0.0, 2.0]}
+    >>> episode = Episode(steps, terminated=True)
     >>> len(episode), episode["obs"].shape, episode["reward"].dtype
     (3, torch.Size([3, 4]), torch.float32)
     """
