@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from lucid_replay import Episode, EpisodeWriter, PrioritizedSequenceReplay, SequenceReplay
+from lucid_replay import EpisodeWriter, PrioritizedSequenceReplay, SequenceReplay
 
 gym = pytest.importorskip("gymnasium")
 from gymnasium import spaces  # noqa: E402 (gymnasium is an optional extra)
@@ -173,7 +173,7 @@ def collect(mode, dict_obs, *, num_envs=3, calls=60, autoreset=None, buffer=None
 def test_stored_episodes_equal_single_env_ground_truth(mode, dict_obs):
     """Per env, the stored episodes (flushed tail included) are exactly the plain env's
     episodes, in order, with every step the env took and no other env's records."""
-    buffer, writer, steps, calls_ids, flushed = collect(mode, dict_obs)
+    buffer, writer, steps, _, _ = collect(mode, dict_obs)
     per_env = {}
     for episode in buffer.episodes:
         code = episode["code" if dict_obs else "observation"]
@@ -831,13 +831,17 @@ def guide_blocks():
     return re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.DOTALL)
 
 
-def test_guide_code_runs_and_fits_the_page(tmp_path, monkeypatch):
-    """The collecting guide's code blocks run in order and no line is wider than 88."""
+def test_guide_code_runs_prints_what_it_says_and_fits_the_page(tmp_path, monkeypatch, capsys):
+    """The collecting guide's code blocks run in order, each prints exactly its ``# ->``
+    lines, and no line is wider than 88 characters."""
     blocks = guide_blocks()
-    assert blocks
+    assert len(blocks) >= 4
     wide = [line for block in blocks for line in block.splitlines() if len(line) > 88]
     assert wide == []
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "guide"}
     for block in blocks:
+        capsys.readouterr()
         exec(compile(block, str(GUIDE), "exec"), namespace)
+        expected = re.findall(r"^# -> (.*)$", block, re.MULTILINE)
+        assert capsys.readouterr().out.splitlines() == expected
