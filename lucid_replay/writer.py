@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from lucid_replay.columns import Column, as_batch, as_flags
+from lucid_replay.columns import Column, PageTable, as_batch, as_flags
 from lucid_replay.episode import Episode
 from lucid_replay.errors import check_int, must
 
@@ -19,7 +19,7 @@ _MODES = {"next_step": "next_step", "same_step": "same_step", "disabled": "disab
 _MODES.update({"NextStep": "next_step", "SameStep": "same_step", "Disabled": "disabled"})
 _AWAITING, _OPEN, _PENDING = 0, 1, 2  # per-env states: no episode, collecting, autoreset next
 _STEP_NAMES = ("action", "reward")
-_FIRST_CAPACITY = 64
+_PAGE_RECORDS = 64  # records per page of the pool holding open episodes
 
 
 def _mode(autoreset: Any) -> str:
@@ -64,15 +64,14 @@ class EpisodeWriter:
     ``reward`` and the extra fields zero (of their dtype and shape): it is what a truncated
     episode bootstraps from. ``Episode.terminated`` is the last step's ``terminated``.
 
-    The first ``reset`` fixes the observation fields, the first ``step`` the other fields;
-    later calls must pass the same names, per-env shapes and dtypes. Dtypes are kept as given:
-    gymnasium returns ``float64`` rewards, so store ``float32`` ones by casting before ``step``
-    or by declaring the buffer's schema. Every call validates all of its input first: a
-    refused call stores nothing and leaves the writer unchanged. If ``buffer.add`` raises, the
-    episodes of that call not yet stored are dropped (counted in `stats`) and the error
-    propagates; the writer stays in step with the environment. One writer per collector
-    thread. Each env's open episode lives in growing per-field arrays: call `flush` to cut
-    episodes that never end.
+    The first ``reset`` fixes the observation fields, the first ``step`` the others; later
+    calls must pass the same names, per-env shapes and dtypes. Dtypes are kept as given
+    (gymnasium's rewards are ``float64``: cast them, or declare the buffer's schema, to store
+    ``float32``). Every call validates all of its input first: a refused call stores nothing
+    and leaves the writer unchanged. If ``buffer.add`` raises, the call's episodes not yet
+    stored are dropped (counted in `stats`) and the error propagates. Open episodes are held
+    in a pool of pages shared by the envs, so memory follows the records open; `flush` cuts
+    episodes that never end. One writer per collector thread.
 
     Examples
     --------
@@ -105,14 +104,12 @@ class EpisodeWriter:
         self._buffer = buffer
         self._state = np.full(self._num_envs, _AWAITING, dtype=np.int8)
         self._length = np.zeros(self._num_envs, dtype=np.int64)  # steps of each open episode
-        self._capacity = _FIRST_CAPACITY
+        self._pages = PageTable(self._num_envs, _PAGE_RECORDS)
         self._dict_obs = False
         self._obs: dict[str, Column] | None = None  # fixed by the first reset
         self._fields: dict[str, Column] | None = None  # fixed by the first step
-        self._counts = dict.fromkeys(
-            ("steps", "episodes_added", "records_added", "episodes_flushed", "episodes_dropped"),
-            0,
-        )
+        names = ("steps", "episodes_added", "records_added", "episodes_flushed", "episodes_dropped")
+        self._counts = dict.fromkeys(names, 0)
 
     @property
     def num_envs(self) -> int:
@@ -180,7 +177,9 @@ class EpisodeWriter:
         episodes = [self._episode(int(i), terminated=False) for i in cut]
         if self._obs is None:
             self._dict_obs = isinstance(observation, Mapping)
-            self._obs = {name: Column(name, value, self._capacity) for name, value in obs.items()}
+            self._obs = {
+                name: Column(name, value, self._pages.slots) for name, value in obs.items()
+            }
         self._start(np.flatnonzero(mask), obs)
         return self._add(episodes, flushed=True)
 
@@ -228,11 +227,8 @@ class EpisodeWriter:
             raise must("step", "called after a first reset(observation)", "no reset yet")
         if info is not None and not isinstance(info, Mapping):
             raise TypeError(f"info must be a dict or None, got {type(info).__name__}")
-        values = {
-            "action": as_batch("action", action, self._num_envs),
-            "reward": as_batch("reward", reward, self._num_envs),
-            **{name: as_batch(name, value, self._num_envs) for name, value in fields.items()},
-        }
+        given = {"action": action, "reward": reward, **fields}
+        values = {name: as_batch(name, value, self._num_envs) for name, value in given.items()}
         terminal = as_flags("terminated", terminated, self._num_envs)
         ended = terminal | as_flags("truncated", truncated, self._num_envs)
         obs = self._observation(observation)
@@ -253,16 +249,22 @@ class EpisodeWriter:
         finals = self._final_observations(columns, info, np.flatnonzero(ended))
         # Everything is valid: from here on, the call changes state.
         if self._fields is None:
-            self._fields = {n: Column(n, v, self._capacity) for n, v in values.items()}
-        self._reserve(int(self._length[rows].max(initial=-1)) + 2)
+            self._fields = {n: Column(n, v, self._pages.slots) for n, v in values.items()}
+        steps = self._length[rows]
+        if self._pages.reserve(rows, steps + 1):
+            for column in [*columns.values(), *self._fields.values()]:
+                column.grow(self._pages.slots)
+        slots = self._pages.slot(rows, steps)
         for name, column in self._fields.items():
-            column.write(rows, self._length[rows], values[name])
+            column.write(slots, values[name], rows)
         self._length[rows] += 1
+        slots = self._pages.slot(rows, steps + 1)
         for name, column in columns.items():
-            column.write(rows, self._length[rows], obs[name])
+            column.write(slots, obs[name], rows)
         for env, final in finals.items():
+            slot = int(self._pages.slot(np.array([env]), self._length[[env]])[0])
             for name, column in columns.items():
-                column.data[env, int(self._length[env])] = final[name]
+                column.put(slot, final[name])
         self._counts["steps"] += int(rows.size)
         done = np.flatnonzero(ended)
         episodes = [self._episode(int(i), terminated=bool(terminal[i])) for i in done]
@@ -285,8 +287,10 @@ class EpisodeWriter:
         """
         rows = np.flatnonzero((self._state == _OPEN) & (self._length > 0))
         episodes = [self._episode(int(i), terminated=False) for i in rows]
+        first, current = (self._pages.slot(rows, s) for s in (0 * rows, self._length[rows]))
         for column in (self._obs or {}).values():
-            column.restart(rows, self._length[rows])
+            column.move(first, current)
+        self._pages.release(rows)
         self._length[rows] = 0
         return self._add(episodes, flushed=True)
 
@@ -301,6 +305,7 @@ class EpisodeWriter:
         finally:
             self._state[:] = _AWAITING
             self._length[:] = 0
+            self._pages.release(np.arange(self._num_envs))
 
     def __enter__(self) -> EpisodeWriter:
         return self
@@ -357,27 +362,21 @@ class EpisodeWriter:
             }
         return finals
 
-    def _reserve(self, capacity: int) -> None:
-        """Grow every column (doubling) so each env can hold ``capacity`` records."""
-        if capacity <= self._capacity:
-            return
-        self._capacity = max(capacity, 2 * self._capacity)
-        for column in [*(self._obs or {}).values(), *(self._fields or {}).values()]:
-            column.grow(self._capacity)
-
     def _start(self, rows: np.ndarray, obs: dict[str, Any]) -> None:
         """Open a new episode in envs ``rows`` at their observation in ``obs``."""
+        self._pages.release(rows)
+        first = self._pages.slot(rows, np.zeros_like(rows))
         for name, column in (self._obs or {}).items():
-            column.write(rows, np.zeros_like(rows), obs[name])
+            column.write(first, obs[name], rows)
         self._length[rows] = 0
         self._state[rows] = _OPEN
 
     def _episode(self, env: int, *, terminated: bool) -> Episode:
         """Env ``env``'s open episode as an `Episode` (copies; the writer's state is kept)."""
-        length = int(self._length[env])
-        steps = {n: c.take(env, length, zero_last=False) for n, c in (self._obs or {}).items()}
+        slots = self._pages.episode(env, int(self._length[env]))
+        steps = {n: c.take(slots, zero_last=False) for n, c in (self._obs or {}).items()}
         for name, column in (self._fields or {}).items():
-            steps[name] = column.take(env, length, zero_last=True)
+            steps[name] = column.take(slots, zero_last=True)
         return Episode(steps, terminated=terminated)
 
     def _add(self, episodes: list[Episode], *, flushed: bool) -> list[int]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import lucid_replay.writer
 from lucid_replay import EpisodeWriter, PrioritizedSequenceReplay, SequenceReplay
 
 gym = pytest.importorskip("gymnasium")
@@ -168,11 +169,14 @@ def collect(mode, dict_obs, *, num_envs=3, calls=60, autoreset=None, buffer=None
     return buffer, writer, steps, calls_ids, flushed
 
 
+@pytest.mark.parametrize("page_records", [2, 64], ids=["pages-of-2", "pages-of-64"])
 @pytest.mark.parametrize("dict_obs", [False, True], ids=["box", "dict"])
 @pytest.mark.parametrize("mode", MODES)
-def test_stored_episodes_equal_single_env_ground_truth(mode, dict_obs):
+def test_stored_episodes_equal_single_env_ground_truth(mode, dict_obs, page_records, monkeypatch):
     """Per env, the stored episodes (flushed tail included) are exactly the plain env's
-    episodes, in order, with every step the env took and no other env's records."""
+    episodes, in order, with every step the env took and no other env's records; also with
+    pages of 2 records, so that episodes span pages taken and given back by other envs."""
+    monkeypatch.setattr(lucid_replay.writer, "_PAGE_RECORDS", page_records)
     buffer, writer, steps, _, _ = collect(mode, dict_obs)
     per_env = {}
     for episode in buffer.episodes:
