@@ -159,8 +159,9 @@ class Column:
         return torch.from_numpy(slots).to(self.data.device) if self.is_torch else slots
 
     def write(self, slots: np.ndarray, batch: Any, rows: np.ndarray) -> None:
-        """``data[slots[k]] = batch[rows[k]]`` for every ``k``."""
-        self.data[self._index(slots)] = batch[self._index(rows)]
+        """``data[slots[k]] = batch[rows[k]]`` for every ``k`` (``rows`` sorted, distinct)."""
+        every_env = rows.size == batch.shape[0]  # then rows is 0..n-1: skip gathering a copy
+        self.data[self._index(slots)] = batch if every_env else batch[self._index(rows)]
 
     def put(self, slot: int, value: Any) -> None:
         """``data[slot] = value`` (one env's record)."""
