@@ -162,7 +162,8 @@ class EpisodeWriter:
         ------
         TypeError, InvalidArgumentError
             For a non-bool mask or one not of shape ``[num_envs]``, an observation of another
-            leading size, or one whose names, per-env shapes or dtypes differ from the first.
+            leading size, or one whose names, per-env shapes or dtypes differ from the first;
+            a dict key named like another field (``action``, ``reward``, an extra field).
         """
         mask = (
             np.ones(self._num_envs, dtype=np.bool_)
