@@ -20,11 +20,13 @@ from lucid_replay.errors import (
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.replay import SequenceReplay
 from lucid_replay.window import Window
+from lucid_replay.writer import EpisodeWriter
 
 __all__ = [
     "Batch",
     "CheckpointError",
     "Episode",
+    "EpisodeWriter",
     "InvalidArgumentError",
     "LucidReplayError",
     "PrioritizedBatch",
