@@ -19,6 +19,7 @@ from lucid_replay.errors import (
 )
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.replay import SequenceReplay
+from lucid_replay.returns import n_step_returns
 from lucid_replay.window import Window
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "UnknownEpisodeError",
     "Window",
     "WindowBatch",
+    "n_step_returns",
 ]
 
 __version__ = "0.1.0"
