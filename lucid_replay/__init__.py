@@ -6,6 +6,7 @@ or by priority, each anchor expands to a chunk or a `Window`, and records are ga
 `Batch` / `WindowBatch` on the learner's device.
 """
 
+from lucid_replay.assembler import TrajectoryAssembler
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.episode import Episode
 from lucid_replay.errors import (
@@ -34,6 +35,7 @@ __all__ = [
     "SchemaDtypeError",
     "SchemaError",
     "SequenceReplay",
+    "TrajectoryAssembler",
     "UnknownEpisodeError",
     "Window",
     "WindowBatch",

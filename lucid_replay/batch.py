@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import torch
 
 from lucid_replay.storage import TransitionRing
+
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase  # type: ignore[import-untyped]  # no py.typed
 
 __all__ = ["Batch", "PrioritizedBatch", "WindowBatch"]
 
@@ -85,6 +88,12 @@ class Batch:
     def to(self, device: _DeviceLike, non_blocking: bool = False) -> Batch:
         """Return a copy with every tensor on ``device``."""
         return _moved(self, device, non_blocking)
+
+    def to_tensordict(self) -> TensorDictBase:
+        """A TensorDict of batch dims ``[B, length]``; layout on the TensorDict interop page."""
+        from lucid_replay.tensordict import batch_to_tensordict
+
+        return batch_to_tensordict(self)
 
 
 @attrs.frozen(eq=False)
@@ -176,3 +185,9 @@ class WindowBatch:
     def to(self, device: _DeviceLike, non_blocking: bool = False) -> WindowBatch:
         """Return a copy with every tensor on ``device``."""
         return _moved(self, device, non_blocking)
+
+    def to_tensordict(self) -> TensorDictBase:
+        """A TensorDict of batch dims ``[B, W]``; layout on the TensorDict interop page."""
+        from lucid_replay.tensordict import batch_to_tensordict
+
+        return batch_to_tensordict(self)
