@@ -207,9 +207,7 @@ def test_a_prioritized_batch_and_update_priorities_from_accept_the_mask():
     buffer = PrioritizedSequenceReplay(capacity=100, seed=0)
     buffer.add(Episode({"reward": torch.ones(6)}))
     batch = buffer.sample_windows(4, Window(2, bootstrap=1))
-    targets, mask = n_step_returns(
-        batch, batch["reward"], torch.zeros(4, 3), n=1, discount=0.9
-    )
+    targets, mask = n_step_returns(batch, batch["reward"], torch.zeros(4, 3), n=1, discount=0.9)
     assert buffer.update_priorities_from(batch, targets, mask=mask) == 1
 
 
