@@ -6,6 +6,7 @@ or by priority, each anchor expands to a chunk or a `Window`, and records are ga
 `Batch` / `WindowBatch` on the learner's device.
 """
 
+from lucid_replay.assembler import TrajectoryAssembler
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.episode import Episode
 from lucid_replay.errors import (
@@ -19,6 +20,7 @@ from lucid_replay.errors import (
 )
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.replay import SequenceReplay
+from lucid_replay.returns import n_step_returns
 from lucid_replay.window import Window
 from lucid_replay.writer import EpisodeWriter
 
@@ -35,9 +37,11 @@ __all__ = [
     "SchemaDtypeError",
     "SchemaError",
     "SequenceReplay",
+    "TrajectoryAssembler",
     "UnknownEpisodeError",
     "Window",
     "WindowBatch",
+    "n_step_returns",
 ]
 
 __version__ = "0.1.0"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import torch
@@ -18,6 +18,9 @@ from lucid_replay.sampling import Anchors
 from lucid_replay.storage import TransitionRing
 from lucid_replay.table import EpisodeTable
 from lucid_replay.window import Records, Window, layout
+
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase  # type: ignore[import-untyped]  # no py.typed
 
 __all__ = ["Batch", "PrioritizedBatch", "WindowBatch"]
 
@@ -162,6 +165,12 @@ class Batch:
         """Return a copy with every tensor on ``device``."""
         return _moved(self, device, non_blocking)
 
+    def to_tensordict(self) -> TensorDictBase:
+        """A TensorDict of batch dims ``[B, length]``; layout on the TensorDict interop page."""
+        from lucid_replay.tensordict import batch_to_tensordict
+
+        return batch_to_tensordict(self)
+
 
 @attrs.frozen(eq=False)
 class PrioritizedBatch(Batch):
@@ -252,3 +261,9 @@ class WindowBatch:
     def to(self, device: _DeviceLike, non_blocking: bool = False) -> WindowBatch:
         """Return a copy with every tensor on ``device``."""
         return _moved(self, device, non_blocking)
+
+    def to_tensordict(self) -> TensorDictBase:
+        """A TensorDict of batch dims ``[B, W]``; layout on the TensorDict interop page."""
+        from lucid_replay.tensordict import batch_to_tensordict
+
+        return batch_to_tensordict(self)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -12,6 +12,9 @@ import torch
 
 from lucid_replay.errors import InvalidArgumentError, SchemaDtypeError
 from lucid_replay.schema import Schema
+
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase  # type: ignore[import-untyped]  # no py.typed
 
 __all__ = ["Episode"]
 
@@ -187,6 +190,18 @@ class Episode:
             for name in names
         }
         return cls(stacked, terminated=terminated)
+
+    @classmethod
+    def from_tensordict(cls, td: TensorDictBase, *, terminated: bool | None = None) -> Episode:
+        """An episode of a TorchRL trajectory: a TensorDict with batch dims ``[T]``.
+
+        Nested keys become ``"."``-joined names (``("next", "obs")`` -> ``"next.obs"``);
+        ``terminated`` defaults to ``("next", "terminated")`` at the last step. Rules and
+        refusals: the TensorDict interop reference page.
+        """
+        from lucid_replay.tensordict import episode_from_tensordict
+
+        return episode_from_tensordict(td, terminated=terminated)
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, torch.Tensor], bool]]:
         # Pickled (copied, sent through a multiprocessing queue) as its steps and flag only:

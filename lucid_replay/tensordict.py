@@ -1,0 +1,178 @@
+"""TensorDict interop (optional extra ``tensordict``): TorchRL trajectories in, batches out.
+
+TorchRL keeps what a step led to under the ``"next"`` sub-dict (``("next", "obs")``,
+``("next", "reward")``, ``("next", "done")``); an `Episode` has flat field names. The two meet
+through one rule: a nested key is the field name of its parts joined with ``"."``
+(``("next", "obs")`` <-> ``"next.obs"``), at any depth. Key parts that already contain a ``"."``
+are refused, so the mapping is one-to-one both ways.
+
+`episode_from_tensordict` backs `Episode.from_tensordict` and `batch_to_tensordict` backs
+``to_tensordict()`` on every batch (`TrajectoryAssembler`, in ``assembler``, builds on the
+first). ``tensordict`` itself is imported only when one of them is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
+from lucid_replay.episode import Episode
+from lucid_replay.errors import InvalidArgumentError, must
+
+if TYPE_CHECKING:
+    # tensordict ships no type information (no py.typed): its names are Any to mypy.
+    from tensordict import TensorDictBase  # type: ignore[import-untyped]
+
+__all__: list[str] = []  # helpers behind Episode and the batches; nothing public here
+
+NestedKey = str | tuple[str, ...]
+_DONE_FLAGS = (("next", "done"), ("next", "terminated"), ("next", "truncated"))
+# Batch entries that to_tensordict adds besides the data fields, [B, L] / [B, W] each.
+_WINDOW_RECORDS = (
+    "learning_mask",
+    "validity_mask",
+    "is_init",
+    "terminal",
+    "record_episode_ids",
+    "record_steps",
+    "step_in_sequence",
+)
+
+
+def require_tensordict() -> Any:
+    """The ``tensordict`` module, or an ``ImportError`` that says how to install it."""
+    try:
+        import tensordict  # mypy reports the missing py.typed once, at the import above
+    except ImportError as error:
+        raise ImportError(
+            "TensorDict interop needs the tensordict package: pip install lucid-replay[tensordict]"
+        ) from error
+    return tensordict
+
+
+def check_tensordict(name: str, td: object) -> Any:
+    """The ``tensordict`` module, once ``td`` (argument ``name``) is a TensorDict."""
+    module = require_tensordict()
+    if not isinstance(td, module.TensorDictBase):
+        raise TypeError(f"{name} must be a TensorDict, got {type(td).__name__}")
+    return module
+
+
+def _parts(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+# ------------------------------------------------------------------------------ episodes
+
+
+def episode_from_tensordict(td: TensorDictBase, *, terminated: bool | None = None) -> Episode:
+    """An `Episode` of a TorchRL trajectory (see `Episode.from_tensordict`)."""
+    module = check_tensordict("td", td)
+    if td.batch_dims != 1:
+        raise must("td", "a trajectory with one batch dimension (time)", list(td.batch_size))
+    length = int(td.batch_size[0])
+    if length == 0:
+        raise must("td", "a trajectory of at least one step", list(td.batch_size))
+    steps: dict[str, torch.Tensor] = {}
+    leaves = td.items(include_nested=True, leaves_only=True, is_leaf=module.is_leaf_nontensor)
+    for key, value in leaves:
+        parts = _parts(key)
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"td[{key!r}] must be a tensor, got {type(value).__name__}")
+        if any("." in part for part in parts):
+            raise must(f"td key {key!r}", "free of '.' (it joins nested keys)", key)
+        steps[".".join(parts)] = value
+    if not steps:
+        raise must("td", "a trajectory with at least one tensor entry", list(td.keys()))
+    flags = {key: _last_and_early(td, key, length) for key in _DONE_FLAGS if key in td.keys(True)}
+    for key, (_, early) in flags.items():
+        if early is not None:
+            raise InvalidArgumentError(
+                f"td[{key!r}] must be False before the last step (one episode per call), "
+                f"got {early}"
+            )
+    return Episode(steps, terminated=_terminated(flags, terminated))
+
+
+def _last_and_early(td: TensorDictBase, key: tuple[str, str], length: int) -> tuple[bool, Any]:
+    """Whether flag ``key`` is set at the last step, and the first earlier step it is set at."""
+    flag = td.get(key)
+    if not isinstance(flag, torch.Tensor) or flag.dtype != torch.bool:
+        raise TypeError(f"td[{key!r}] must be a bool tensor, got {getattr(flag, 'dtype', flag)}")
+    per_step = flag.reshape(length, -1).any(dim=1)
+    early = per_step[:-1].nonzero()
+    first = f"True at step {int(early[0])} of {length}" if early.numel() else None
+    return bool(per_step[-1]), first
+
+
+def _terminated(flags: dict[tuple[str, str], tuple[bool, Any]], given: object) -> bool:
+    if given is not None and not isinstance(given, bool | np.bool_):
+        raise TypeError(f"terminated must be a bool or None, got {given!r}")
+    stored = flags.get(("next", "terminated"))
+    if given is not None:
+        if stored is not None and stored[0] != bool(given):
+            raise must("terminated", "td[('next', 'terminated')] at the last step", given)
+        return bool(given)
+    if stored is not None:
+        return stored[0]
+    done = flags.get(("next", "done"))
+    if done is not None and not done[0]:
+        return False  # not done, so not terminated either
+    ended = " and is done at its last step" if done is not None else ""
+    raise must("terminated", f"a bool when td has no ('next', 'terminated') entry{ended}", None)
+
+
+# ------------------------------------------------------------------------------- batches
+
+
+def batch_to_tensordict(batch: Batch | WindowBatch) -> TensorDictBase:
+    """A TensorDict of ``batch`` (see ``Batch.to_tensordict``)."""
+    module = require_tensordict()
+    if isinstance(batch, WindowBatch):
+        shape = tuple(batch.validity_mask.shape)
+        windows = torch.arange(shape[0], device=batch.episode_ids.device)
+        per_record = {name: getattr(batch, name) for name in _WINDOW_RECORDS}
+        per_record["sequence_id"] = windows[:, None].expand(shape)
+        per_row = {"episode_ids": batch.episode_ids, "anchor_steps": batch.anchor_steps}
+    elif isinstance(batch, Batch):
+        shape = tuple(next(iter(batch.data.values())).shape[:2])
+        per_record = {}
+        per_row = {"episode_ids": batch.episode_ids, "starts": batch.starts}
+        if isinstance(batch, PrioritizedBatch):
+            per_row["indices"] = batch.indices
+    else:
+        raise TypeError(f"batch must be a Batch or a WindowBatch, got {type(batch).__name__}")
+    weights = getattr(batch, "weights", None)
+    if weights is not None:
+        per_row["priority_weight"] = weights
+    entries: dict[tuple[str, ...], torch.Tensor] = {}
+    for name, value in batch.data.items():
+        parts = tuple(name.split("."))
+        if not all(parts):
+            raise must(f"batch field {name!r}", "made of non-empty parts between '.'", name)
+        entries[parts] = value
+    added = {**per_record, **{name: v[:, None].expand(shape) for name, v in per_row.items()}}
+    for name, value in added.items():
+        if (name,) in entries:
+            raise must(
+                f"batch field {name!r}", f"named unlike the entries added ({sorted(added)})", name
+            )
+        entries[(name,)] = value
+    _check_nesting(entries)
+    return module.TensorDict(entries, batch_size=shape, device=batch.episode_ids.device)
+
+
+def _check_nesting(entries: Iterable[tuple[str, ...]]) -> None:
+    """Refuse a key that is also the sub-dict of another (``"next"`` and ``"next.obs"``)."""
+    keys = set(entries)
+    for key in keys:
+        for end in range(1, len(key)):
+            if key[:end] in keys:
+                parent, child = ".".join(key[:end]), ".".join(key)
+                raise must(
+                    f"batch field {parent!r}", f"a leaf, not the sub-dict of {child!r}", parent
+                )
