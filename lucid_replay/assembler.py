@@ -12,7 +12,6 @@ from lucid_replay.errors import must
 from lucid_replay.tensordict import (
     NestedKey,
     check_tensordict,
-    episode_from_tensordict,
     require_tensordict,
 )
 
@@ -87,7 +86,8 @@ class TrajectoryAssembler:
     ...     )
     >>> buffer = SequenceReplay(capacity=100)
     >>> assembler = TrajectoryAssembler(buffer)
-    >>> assembler.extend(steps([0, 0, 0], [False, False, False]))  # trajectory 0 stays open
+    >>> # trajectory 0 stays open
+    >>> assembler.extend(steps([0, 0, 0], [False, False, False]))
     []
     >>> assembler.extend(steps([0, 1, 1], [True, False, False]))  # 0 ends; 1 opens
     [0]
@@ -246,4 +246,4 @@ def _assemble(
                 sorted(map(str, piece.keys(True, True))),
             )
     whole = pieces[0] if len(pieces) == 1 else module.cat(pieces, dim=0)
-    return episode_from_tensordict(whole, terminated=terminated)
+    return Episode.from_tensordict(whole, terminated=terminated)

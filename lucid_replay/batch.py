@@ -96,6 +96,21 @@ def window_batch(
     )
 
 
+def record_positions(batch: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Episode ids, steps and validity (``[B, W]`` each) of the records of ``batch``.
+
+    A chunk `Batch` has no padding: every record is valid.
+    """
+    if isinstance(batch, WindowBatch):
+        return batch.record_episode_ids, batch.record_steps, batch.validity_mask
+    if isinstance(batch, Batch):
+        length = next(iter(batch.data.values())).shape[1]
+        steps = batch.starts.unsqueeze(1) + torch.arange(length, device=batch.starts.device)
+        ids = batch.episode_ids.unsqueeze(1).expand_as(steps)
+        return ids, steps, torch.ones_like(steps, dtype=torch.bool)
+    raise TypeError(f"batch must be a Batch or WindowBatch, got {type(batch).__name__}")
+
+
 def gather(
     ring: TransitionRing,
     shape: tuple[int, int],
@@ -167,9 +182,14 @@ class Batch:
 
     def to_tensordict(self) -> TensorDictBase:
         """A TensorDict of batch dims ``[B, length]``; layout on the TensorDict interop page."""
-        from lucid_replay.tensordict import batch_to_tensordict
+        from lucid_replay.tensordict import batch_tensordict
 
-        return batch_to_tensordict(self)
+        length = next(iter(self.data.values())).shape[1]
+        shape = (int(self.episode_ids.shape[0]), int(length))
+        return batch_tensordict(self.data, {}, self._per_row(), shape, self.episode_ids.device)
+
+    def _per_row(self) -> dict[str, torch.Tensor]:
+        return {"episode_ids": self.episode_ids, "starts": self.starts}
 
 
 @attrs.frozen(eq=False)
@@ -188,6 +208,10 @@ class PrioritizedBatch(Batch):
 
     indices: torch.Tensor
     weights: torch.Tensor
+
+    def _per_row(self) -> dict[str, torch.Tensor]:
+        rows = super()._per_row()
+        return {**rows, "indices": self.indices, "priority_weight": self.weights}
 
 
 @attrs.frozen(eq=False)
@@ -244,16 +268,8 @@ class WindowBatch:
         Adds ``sequence_id`` (int64 ``[B * W]``: the window each record belongs to), the key
         recurrent modules split on together with ``is_init``.
         """
-        per_record = {
-            "learning_mask": self.learning_mask,
-            "validity_mask": self.validity_mask,
-            "is_init": self.is_init,
-            "terminal": self.terminal,
-            "record_episode_ids": self.record_episode_ids,
-            "record_steps": self.record_steps,
-            "step_in_sequence": self.step_in_sequence,
-        }
-        flat = {name: value.flatten(0, 1) for name, value in {**self.data, **per_record}.items()}
+        entries = {**self.data, **self._per_record()}
+        flat = {name: value.flatten(0, 1) for name, value in entries.items()}
         windows = torch.arange(self.batch_size, device=self.episode_ids.device)
         flat["sequence_id"] = windows.repeat_interleave(self.window_size)
         return flat
@@ -264,6 +280,25 @@ class WindowBatch:
 
     def to_tensordict(self) -> TensorDictBase:
         """A TensorDict of batch dims ``[B, W]``; layout on the TensorDict interop page."""
-        from lucid_replay.tensordict import batch_to_tensordict
+        from lucid_replay.tensordict import batch_tensordict
 
-        return batch_to_tensordict(self)
+        shape = (self.batch_size, self.window_size)
+        per_record = self._per_record()
+        windows = torch.arange(shape[0], device=self.episode_ids.device)
+        per_record["sequence_id"] = windows[:, None].expand(shape)
+        per_row = {"episode_ids": self.episode_ids, "anchor_steps": self.anchor_steps}
+        if self.weights is not None:
+            per_row["priority_weight"] = self.weights
+        return batch_tensordict(self.data, per_record, per_row, shape, self.episode_ids.device)
+
+    def _per_record(self) -> dict[str, torch.Tensor]:
+        """The per-record entries ``[B, W]`` by attribute name (see `RESERVED_NAMES`)."""
+        return {
+            "learning_mask": self.learning_mask,
+            "validity_mask": self.validity_mask,
+            "is_init": self.is_init,
+            "terminal": self.terminal,
+            "record_episode_ids": self.record_episode_ids,
+            "record_steps": self.record_steps,
+            "step_in_sequence": self.step_in_sequence,
+        }

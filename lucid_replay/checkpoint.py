@@ -25,7 +25,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import torch
@@ -62,6 +62,7 @@ _KEYS = (
     "extra",
 )
 _classes: dict[str, type] = {}
+_T = TypeVar("_T")
 
 
 def register(cls: type) -> None:
@@ -185,6 +186,110 @@ def unpack(state: Mapping[str, Any], *, device: torch.device, capacity: int) -> 
         rng=rng.clone(),
         extra=dict(extra),
     )
+
+
+def check_adoptable(
+    snapshot: Snapshot,
+    config: Mapping[str, Any],
+    *,
+    reuse_limit: int | None,
+    prioritized: bool,
+    device: torch.device,
+) -> None:
+    """Refuse a snapshot a buffer of ``config`` cannot adopt (all but its priority state).
+
+    The configuration must match (the storage device aside), counters must match the table,
+    draw counts the reuse limit, and the RNG state must be one torch accepts on ``device``.
+    A uniform buffer's priorities are all 1 and it has no extra state.
+    """
+    mine = {k: v for k, v in config.items() if k != "device"}
+    theirs = {k: v for k, v in snapshot.config.items() if k != "device"}
+    if mine != theirs:
+        raise CheckpointError(f"checkpoint configuration must be {mine}, got {theirs}")
+    _check_consistent(snapshot, reuse_limit, device)
+    if not prioritized:
+        table = snapshot.table
+        stored = table.priority[table.stored_rows()]
+        if snapshot.extra:
+            raise CheckpointError(f"checkpoint extra state must be empty, got {snapshot.extra}")
+        if not bool((stored == 1.0).all()):
+            raise CheckpointError(
+                "checkpoint priority of every episode of a uniform buffer must be 1, got "
+                f"{sorted(set(stored.tolist()) - {1.0})[:3]}"
+            )
+
+
+def _check_consistent(snapshot: Snapshot, reuse_limit: int | None, device: torch.device) -> None:
+    """Refuse a snapshot whose parts contradict each other.
+
+    Counters must match the table they were saved with, draw counts the reuse limit, and
+    the RNG state must be one torch accepts for a generator on ``device``.
+    """
+    table, counts = snapshot.table, snapshot.counts
+    stored = table.stored_rows()
+    times = table.times_sampled[stored]
+    expected = {
+        "episodes_added": table.next_id,
+        "episodes_evicted": table.first_id,
+        "transitions_added": table.next_offset,
+        "transitions_evicted": table.oldest_offset,
+    }
+    for name, value in expected.items():
+        if counts[name] != value:
+            raise CheckpointError(
+                f"checkpoint counts[{name!r}] must equal the table's {value}, got {counts[name]}"
+            )
+    if snapshot.evicted_unsampled > table.first_id:
+        raise CheckpointError(
+            f"checkpoint evicted_unsampled must be <= episodes_evicted ({table.first_id}), "
+            f"got {snapshot.evicted_unsampled}"
+        )
+    if reuse_limit is not None and bool((times > reuse_limit).any()):
+        raise CheckpointError(
+            f"checkpoint times_sampled must be <= max_times_sampled={reuse_limit}, "
+            f"got {int(times.max())}"
+        )
+    if int(times.sum()) > counts["chunks_sampled"]:
+        raise CheckpointError(
+            f"checkpoint chunks_sampled must be >= the draws of stored episodes "
+            f"({int(times.sum())}), got {counts['chunks_sampled']}"
+        )
+    retired = 0 if reuse_limit is None else int((times >= reuse_limit).sum())
+    if not retired <= snapshot.episodes_retired <= table.next_id:
+        raise CheckpointError(
+            f"checkpoint episodes_retired must be in [{retired}, {table.next_id}] for its "
+            f"table, got {snapshot.episodes_retired}"
+        )
+    try:  # on a scratch generator, so that the buffer's own stays untouched
+        torch.Generator(device=device).set_state(snapshot.rng)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise CheckpointError(
+            f"checkpoint rng must be a state of this buffer's generator, got one torch "
+            f"refuses ({str(error).splitlines()[0]})"
+        ) from None
+
+
+def construct(state: Mapping[str, Any], expected: type[_T], device: object) -> _T:
+    """A fresh buffer of the class and configuration ``state`` was saved with.
+
+    ``expected`` is the class ``load`` was called on: the saved class must derive from it.
+    ``device`` (if not ``None``) replaces the saved storage device.
+    """
+    saved = saved_class(state)
+    if not issubclass(saved, expected):
+        raise CheckpointError(
+            f"checkpoint class must be a {expected.__name__}, got {state.get('class')!r}"
+        )
+    config = state["config"]
+    if not isinstance(config, Mapping):
+        raise CheckpointError(f"checkpoint configuration must be a mapping, got {config!r}")
+    config = dict(config)
+    if device is not None:
+        config["device"] = device
+    try:
+        return saved(**config)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint configuration must be valid, got {error}") from None
 
 
 def check_header(state: object) -> None:

@@ -148,3 +148,19 @@ def as_vector(param: str, values: Any, dtype: torch.dtype, device: torch.device)
     ):
         raise TypeError(f"{param} must hold integers, got dtype {tensor.dtype}")
     return tensor.to(device=device, dtype=dtype)
+
+
+def make_generator(seed: Any, device: torch.device) -> torch.Generator:
+    """The random generator ``seed`` stands for.
+
+    ``seed`` itself if it is a `torch.Generator`; else a new generator on ``device`` seeded
+    with ``seed`` (an int in ``[0, 2**64)``), or from the OS for ``None``.
+    """
+    if isinstance(seed, torch.Generator):
+        return seed
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(check_int("seed", seed, minimum=0, maximum=2**64 - 1))
+    return generator

@@ -199,9 +199,10 @@ class Episode:
         ``terminated`` defaults to ``("next", "terminated")`` at the last step. Rules and
         refusals: the TensorDict interop reference page.
         """
-        from lucid_replay.tensordict import episode_from_tensordict
+        from lucid_replay.tensordict import trajectory_steps
 
-        return episode_from_tensordict(td, terminated=terminated)
+        steps, flag = trajectory_steps(td, terminated=terminated)
+        return cls(steps, terminated=flag)
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, torch.Tensor], bool]]:
         # Pickled (copied, sent through a multiprocessing queue) as its steps and flag only:

@@ -12,12 +12,13 @@ may have been held at the fork.
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
+
+from lucid_replay import forks
 
 __all__: list[str] = []  # internal module
 
@@ -44,7 +45,7 @@ class Prefetcher(Generic[_Item]):
         self._depth = depth
         self._closed = False
         self._reset()
-        _live.add(self)
+        forks.reset_in_child(self)
 
     def _reset(self) -> None:
         self._ready: queue.Queue[_Item | _Failure] = queue.Queue(maxsize=self._depth)
@@ -127,7 +128,6 @@ def iterate_in_background(draw: Callable[[], _Item], depth: int) -> Iterator[_It
     return Prefetcher(draw, depth)
 
 
-_live: weakref.WeakSet[Prefetcher[Any]] = weakref.WeakSet()
 # Workers of iterators still running when the interpreter exits: a daemon thread killed in the
 # middle of a torch operation aborts the process, so stop and join them first.
 _running: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = weakref.WeakKeyDictionary()
@@ -135,16 +135,7 @@ _running: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = weakref
 
 @atexit.register
 def _stop_running_workers() -> None:
+    # In a forked child the parent's threads are marked stopped: their joins return at once.
     for worker, stop in list(_running.items()):
         stop.set()
         worker.join(timeout=10)
-
-
-def _reset_after_fork() -> None:
-    _running.clear()
-    for prefetcher in list(_live):
-        prefetcher._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)

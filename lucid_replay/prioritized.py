@@ -80,8 +80,6 @@ class PrioritizedSequenceReplay(SequenceReplay):
     1
     """
 
-    _priorities: Priorities
-
     def __init__(
         self,
         capacity: int = 1_000_000,
@@ -98,7 +96,13 @@ class PrioritizedSequenceReplay(SequenceReplay):
         super().__init__(
             capacity, device=device, unit=unit, seed=seed, max_times_sampled=max_times_sampled
         )
-        self._priorities = priorities
+        self._core.priorities = priorities
+
+    @property
+    def _priorities(self) -> Priorities:
+        priorities = self._core.priorities
+        assert priorities is not None  # set in __init__, replaced whole by load_state_dict
+        return priorities
 
     @property
     def alpha(self) -> float:
@@ -124,7 +128,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
     def priorities(self) -> torch.Tensor:
         """float64 ``[num_episodes]``: stored episodes' priorities, aligned with `episode_ids`."""
         with self._lock:
-            return self._table.priority[self._table.stored_rows()].clone()
+            return self._core.stored_priorities().clone()
 
     # -------------------------------------------------------------------------- sampling
     def sample_prioritized(
@@ -168,30 +172,15 @@ class PrioritizedSequenceReplay(SequenceReplay):
         priorities = self._priorities.of_errors(values)
         with self._lock:
             self._check_issued(ids)
-            return self._apply_priorities(ids, priorities)
+            return self._core.apply_priorities(ids, priorities)
 
     def _check_issued(self, ids: torch.Tensor) -> None:
-        next_id = self._table.next_id
+        next_id = self._core.store.table.next_id
         issued = (ids >= 0) & (ids < next_id)
         if not bool(issued.all()):
             at = int((~issued).nonzero()[0])
             ids_so_far = f"0 .. {next_id - 1}" if next_id else "none issued yet"
             raise must(f"indices[{at}]", f"an issued episode id ({ids_so_far})", int(ids[at]))
-
-    def _apply_priorities(self, ids: torch.Tensor, priorities: torch.Tensor) -> int:
-        """Set ``priorities`` for issued ``ids`` (storage device, validated); skip evicted."""
-        table = self._table
-        ids_of, priorities_of = arrays.engine(ids), arrays.engine(priorities)
-        stored = table.is_stored(ids_of)
-        if not bool(stored.all()):  # evicted ids must not touch the rows now reused
-            ids_of, priorities_of = ids_of[stored], priorities_of[stored]
-        if ids_of.shape[0] == 0:
-            return 0
-        rows = table.rows_of(ids_of)
-        arrays.assign_max(table.arrays["priority"], rows, priorities_of)
-        self._priorities.raise_max(float(priorities_of.max()))
-        self._sampler.mark_priorities_dirty(arrays.tensor(rows))
-        return arrays.count_distinct(rows)
 
     def update_priorities_from(
         self, batch: WindowBatch, errors: Any, *, eta: float = 0.9, mask: Any = None
@@ -227,7 +216,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         mixed_errors = arrays.tensor(mixed).to(self._device, torch.float64)
         priorities = self._priorities.of_errors(mixed_errors)
         with self._lock:
-            return self._apply_priorities(arrays.tensor(ids).to(self._device), priorities)
+            return self._core.apply_priorities(arrays.tensor(ids).to(self._device), priorities)
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
         """Set ``beta = beta0 + fraction * (final - beta0)``, ``beta0`` the constructor's value.

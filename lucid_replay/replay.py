@@ -1,42 +1,28 @@
 """`SequenceReplay`: whole episodes in a transition ring, fixed-length chunks drawn uniformly.
 
-The buffer composes its collaborators: it validates at the boundary, takes the lock, and
-hands each step of the data path to its owner (`EpisodeTable` and `TransitionRing` store,
-`AnchorSampler` draws, `window.expand` expands, `batch` assembles, `Priorities` holds the
-prioritization state of a `PrioritizedSequenceReplay`).
+The buffer is the public face of a `ReplayCore`: it validates every argument at the
+boundary, takes its lock, and hands the call to the core, whose collaborators own the rules
+(`EpisodeStore` stores, `AnchorSampler` draws, `window.expand` expands, `batch` assembles,
+and `Priorities` holds the prioritization state of a `PrioritizedSequenceReplay`).
 """
 
 from __future__ import annotations
 
-import operator
 import os
 import threading
-import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-import attrs
 import torch
 
-from lucid_replay import checkpoint
-from lucid_replay.batch import Batch, WindowBatch, chunk_batch, window_batch
-from lucid_replay.checks import as_vector, check_device, check_int
+from lucid_replay import checkpoint, forks
+from lucid_replay.batch import Batch, WindowBatch, record_positions
+from lucid_replay.checks import check_device, check_int, make_generator
+from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
-from lucid_replay.errors import (
-    CheckpointError,
-    UnknownEpisodeError,
-    must,
-    must_have,
-    wrong_kind,
-    wrong_type,
-)
+from lucid_replay.errors import CheckpointError, must, wrong_type
 from lucid_replay.prefetch import Prefetcher
-from lucid_replay.priorities import Priorities
-from lucid_replay.sampling import Anchors, AnchorSampler
-from lucid_replay.schema import Schema
-from lucid_replay.storage import TransitionRing
-from lucid_replay.table import EpisodeTable
-from lucid_replay.window import MAX_RECORDS, Window, expand
+from lucid_replay.window import MAX_RECORDS, Window, check_window
 
 __all__ = ["SequenceReplay"]
 
@@ -44,7 +30,6 @@ _ReplayT = TypeVar("_ReplayT", bound="SequenceReplay")
 _UNITS = ("chunk", "episode")
 _MAX_BATCH = 2**31 - 1
 _MAX_PREFETCH = 2**16
-_SEED_MAX = 2**64 - 1  # torch generators take seeds up to this
 
 
 class SequenceReplay:
@@ -113,17 +98,10 @@ class SequenceReplay:
         if max_times_sampled is not None:
             max_times_sampled = check_int("max_times_sampled", max_times_sampled, minimum=1)
         self._device = check_device("device", device)
-        self._generator = _make_generator(seed, self._device)
+        generator = make_generator(seed, self._device)
         self._lock = threading.RLock()
-        self._schema: Schema | None = None
-        self._ring = TransitionRing(self._capacity, self._device)
-        self._table = EpisodeTable(self._device)
-        self._sampler = AnchorSampler(self._table, unit, max_times_sampled)
-        self._priorities: Priorities | None = None  # set by PrioritizedSequenceReplay
-        self._counts = dict.fromkeys(checkpoint.COUNTS, 0)
-        # An int on CPU; on a device a 0-d tensor, so that eviction never waits for the device.
-        self._evicted_unsampled: int | torch.Tensor = 0
-        _buffers.add(self)
+        self._core = ReplayCore(self._capacity, self._device, unit, max_times_sampled, generator)
+        forks.reset_in_child(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -143,46 +121,41 @@ class SequenceReplay:
     @property
     def unit(self) -> str:
         """``"chunk"`` or ``"episode"``: what is equally likely in a uniform draw."""
-        return self._sampler.unit
+        return self._core.sampler.unit
 
     @property
     def max_times_sampled(self) -> int | None:
         """The reuse limit, or ``None``."""
-        return self._sampler.reuse_limit
+        return self._core.sampler.reuse_limit
 
     @property
     def num_episodes(self) -> int:
         """Stored episodes."""
-        return self._table.num_episodes
+        return self._core.store.table.num_episodes
 
     @property
     def episode_ids(self) -> range:
         """Ids of the stored episodes, oldest first (always a contiguous range)."""
-        return range(self._table.first_id, self._table.next_id)
+        return range(self._core.store.table.first_id, self._core.store.table.next_id)
 
     @property
     def schema(self) -> Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None:
         """Field name -> (per-step shape, dtype), fixed by the first episode; ``None`` before."""
-        return self._schema
+        return self._core.store.schema
 
     def __len__(self) -> int:
-        return self._table.num_transitions
+        return self._core.store.table.num_transitions
 
     def __contains__(self, episode_id: object) -> bool:
-        if isinstance(episode_id, bool):
-            return False  # True == 1, but a flag is never an id
         try:
-            return operator.index(episode_id) in self.episode_ids  # type: ignore[arg-type]
-        except TypeError:
+            return self._core.store.stored_id(episode_id) >= 0  # True == 1, but a flag is no id
+        except (TypeError, KeyError):
             return False
 
     def __getitem__(self, episode_id: int) -> Episode:
         """A copy of stored episode ``episode_id``; `UnknownEpisodeError` (a ``KeyError``)."""
         with self._lock:
-            episode_id = self._check_stored(episode_id)
-            start, length = self._table.episode_range(episode_id)
-            terminated = bool(self._table.terminated[self._table.row_of(episode_id)])
-            return Episode(self._ring.read(start, length), terminated=terminated)
+            return self._core.store.episode(self._core.store.stored_id(episode_id))
 
     def __repr__(self) -> str:
         return (
@@ -210,61 +183,19 @@ class SequenceReplay:
             allocated; the buffer stays as if never used.
         """
         with self._lock:
-            schema = self._validate(episode, self._schema)
-            return self._store(episode, schema)
+            schema = self._core.store.checked_schema(episode, self._core.store.schema)
+            return self._core.add(episode, schema)
 
     def extend(self, episodes: Iterable[Episode]) -> list[int]:
         """Add several episodes; all are validated before any is stored."""
         episodes = list(episodes)
         with self._lock:
-            schemas = []
-            schema = self._schema
+            schema, schemas = self._core.store.schema, []
             for episode in episodes:
-                schema = self._validate(episode, schema)
+                schema = self._core.store.checked_schema(episode, schema)
                 schemas.append(schema)
-            return [self._store(e, s) for e, s in zip(episodes, schemas, strict=True)]
-
-    def _validate(self, episode: Episode, schema: Schema | None) -> Schema:
-        if not isinstance(episode, Episode):
-            raise TypeError(f"episode must be an Episode, got {type(episode).__name__}")
-        if len(episode) > self._capacity:
-            raise must("episode length", f"<= capacity ({self._capacity})", len(episode))
-        if schema is None:
-            episode.schema.check_storable()
-            return episode.schema
-        schema.check(episode.schema)
-        return schema
-
-    def _store(self, episode: Episode, schema: Schema) -> int:
-        if self._schema is None:
-            self._ring.allocate(schema)  # all or nothing: a failure fixes no schema
-            self._schema = schema
-        length = len(episode)
-        to_evict = self._table.count_to_evict(self._capacity, length)
-        if to_evict:
-            self._evict(to_evict)
-            self._reclaim_retired()  # a retired episode may have just become the oldest
-        # Data first: if the copy fails, no table row claims the slots it was writing.
-        self._ring.write(self._table.next_offset, episode.steps, episode._host_steps)
-        priority = 1.0 if self._priorities is None else self._priorities.max_priority
-        episode_id, row, _ = self._table.append(length, episode.terminated, priority)
-        self._sampler.mark_dirty(row)
-        self._counts["episodes_added"] += 1
-        self._counts["transitions_added"] += length
-        return episode_id
-
-    def _evict(self, count: int) -> None:
-        rows, transitions, unsampled = self._table.evict_oldest(count)
-        self._evicted_unsampled = self._evicted_unsampled + unsampled
-        self._sampler.mark_dirty(rows)
-        self._counts["episodes_evicted"] += count
-        self._counts["transitions_evicted"] += transitions
-
-    def _reclaim_retired(self) -> None:
-        """Evict retired episodes at the front of the queue: they can never be drawn again."""
-        leading = self._sampler.leading_retired()
-        if leading:
-            self._evict(leading)
+            pairs = zip(episodes, schemas, strict=True)
+            return [self._core.add(e, s) for e, s in pairs]
 
     # -------------------------------------------------------------------------- sampling
     def sample(
@@ -297,10 +228,7 @@ class SequenceReplay:
         check_int("length", length, minimum=1, maximum=MAX_RECORDS)
         target = self._batch_device(device)
         with self._lock:
-            anchors = self._draw(batch_size, Window(length), prioritized=prioritized)
-            batch = chunk_batch(self._ring, self._table, anchors, length, target)
-            self._reclaim_retired()  # only once the batch no longer needs their rows
-            return batch
+            return self._core.chunks(batch_size, length, target, prioritized=prioritized)
 
     def sample_windows(
         self,
@@ -319,15 +247,11 @@ class SequenceReplay:
         Cost O(B log E + B W).
         """
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
-        _check_window(window)
+        check_window(window)
         use_priorities = self._use_priorities(prioritized)
         target = self._batch_device(device)
         with self._lock:
-            anchors = self._draw(batch_size, window, prioritized=use_priorities)  # sampling
-            records = expand(self._table, anchors, window)  # window
-            batch = window_batch(self._ring, self._table, anchors, records, window, target)
-            self._reclaim_retired()  # only once the batch no longer needs their rows
-            return batch
+            return self._core.windows(batch_size, window, target, prioritized=use_priorities)
 
     def gather_windows(
         self,
@@ -346,28 +270,11 @@ class SequenceReplay:
         InvalidArgumentError
             For a step outside its episode or arguments of different lengths.
         """
-        _check_window(window)
-        ids = as_vector("episode_ids", episode_ids, torch.int64, self._device).clone()
-        steps = as_vector("anchor_steps", anchor_steps, torch.int64, self._device).clone()
-        if ids.shape != steps.shape:
-            raise must("anchor_steps", f"as long as episode_ids ({ids.numel()})", steps.numel())
+        check_window(window)
         target = self._batch_device(device)
         with self._lock:
-            stored = self._table.is_stored(ids)
-            if not bool(stored.all()):
-                self._check_stored(int(ids[~stored][0]))
-            lengths = self._table.length[self._table.rows_of(ids)]
-            outside = (steps < 0) | (steps >= lengths)
-            if bool(outside.any()):
-                at = int(outside.nonzero()[0])
-                raise must(
-                    f"anchor_steps[{at}]",
-                    f"a step of episode {int(ids[at])} (0 .. {int(lengths[at]) - 1})",
-                    int(steps[at]),
-                )
-            anchors = Anchors(self._table.rows_of(ids), ids, steps)
-            records = expand(self._table, anchors, window)
-            return window_batch(self._ring, self._table, anchors, records, window, target)
+            anchors = self._core.store.anchors(episode_ids, anchor_steps)
+            return self._core.assemble(anchors, window, target)
 
     def num_eligible(self, window: Window) -> int:
         """How many anchors or episodes a draw of ``window`` can choose from now.
@@ -376,53 +283,23 @@ class SequenceReplay:
         (reuse limit reached) are excluded. O(1) amortised, so a loop can wait on it until it
         may sample (``> 0``).
         """
-        _check_window(window)
+        check_window(window)
         with self._lock:
-            return round(self._sampler.mass(window.anchor_span, None))
-
-    def _draw(self, batch_size: int, window: Window, *, prioritized: bool) -> Anchors:
-        """Draw anchors whose learning region fits (the one place a draw starts)."""
-        if self._table.num_episodes == 0:
-            raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
-        span = window.anchor_span
-        alpha = None if not prioritized or self._priorities is None else self._priorities.alpha
-        if self._sampler.mass(span, alpha) <= 0:
-            what = "length" if window == Window(window.length) else "the window's anchor span"
-            raise self._sampler.nothing_eligible(span, what, batch_size)
-        anchors = self._sampler.draw(batch_size, span, alpha=alpha, generator=self._generator)
-        if self._priorities is not None and alpha is not None:
-            anchors = attrs.evolve(anchors, weights=self._priorities.weights(anchors.priorities))
-        self._counts["chunks_sampled"] += batch_size
-        return anchors
+            return self._core.num_eligible(window)
 
     def _use_priorities(self, prioritized: object) -> bool:
         """``sample_windows``' ``prioritized``: ``None`` means "if this buffer has them"."""
+        has_priorities = self._core.priorities is not None
         if prioritized is None:
-            return self._priorities is not None
+            return has_priorities
         if not isinstance(prioritized, bool):
             raise wrong_type("prioritized", "a bool or None", prioritized)
-        if prioritized and self._priorities is None:
+        if prioritized and not has_priorities:
             raise must("prioritized", f"False or None on a {type(self).__name__}", prioritized)
         return prioritized
 
     def _batch_device(self, device: object) -> torch.device:
         return self._device if device is None else check_device("device", device)
-
-    def _check_stored(self, episode_id: object) -> int:
-        """Return ``episode_id`` as an int if it is stored; raise otherwise."""
-        try:
-            if isinstance(episode_id, bool):
-                raise TypeError
-            episode_id = operator.index(episode_id)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"episode_id must be an int, got {episode_id!r}") from None
-        if episode_id not in self.episode_ids:
-            state = "was evicted" if 0 <= episode_id < self._table.first_id else "was never issued"
-            raise UnknownEpisodeError(
-                f"episode_id must be a stored episode ({self.episode_ids.start}.."
-                f"{self.episode_ids.stop - 1}), got {episode_id}: it {state}"
-            )
-        return episode_id
 
     # --------------------------------------------------------------------- stored state
     def write_back(self, batch: Batch | WindowBatch, name: str, values: torch.Tensor) -> int:
@@ -433,28 +310,9 @@ class SequenceReplay:
         example refreshed recurrent states; returns how many records were written. Where
         records overlap, one of the overlapping values is kept.
         """
-        if isinstance(batch, WindowBatch):
-            mask, ids, steps = batch.validity_mask, batch.record_episode_ids, batch.record_steps
-        elif isinstance(batch, Batch):
-            length = next(iter(batch.data.values())).shape[1]
-            offsets = torch.arange(length, device=batch.starts.device)
-            steps = batch.starts.unsqueeze(1) + offsets
-            ids = batch.episode_ids.unsqueeze(1).expand_as(steps)
-            mask = torch.ones_like(steps, dtype=torch.bool)
-        else:
-            raise wrong_kind("batch", "a Batch or WindowBatch", type(batch).__name__)
+        ids, steps, mask = record_positions(batch)
         with self._lock:
-            if self._schema is None:
-                raise must("name", "a stored field []", name)
-            self._schema.check_values(name, values, tuple(mask.shape))
-            ids, steps = ids.to(self._device), steps.to(self._device)
-            write = mask.to(self._device) & self._table.is_stored(ids)
-            rows = self._table.rows_of(ids[write])
-            offsets = self._table.start[rows] + steps[write]
-            # Stored data is never part of an autograd graph (states from a forward pass).
-            stored = values.detach().to(self._device)[write]
-            self._ring.scatter(name, offsets, stored, self._table.oldest_offset)
-            return int(write.sum())
+            return self._core.store.write_records(name, ids, steps, mask, values)
 
     # ---------------------------------------------------------------------- prefetching
     def iterate(
@@ -477,7 +335,7 @@ class SequenceReplay:
         """
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
-        _check_window(window)
+        check_window(window)
         target = self._batch_device(device)
         return Prefetcher(lambda: self.sample_windows(batch_size, window, device=target), prefetch)
 
@@ -485,13 +343,17 @@ class SequenceReplay:
     def stats(self) -> dict[str, int]:
         """Counters since construction: adds, evictions, retirements, draws."""
         with self._lock:
-            return {
-                **self._counts,
-                "episodes_evicted_unsampled": int(self._evicted_unsampled),
-                "episodes_retired": int(self._sampler.episodes_retired),
-                "episodes_stored": self.num_episodes,
-                "transitions_stored": len(self),
-            }
+            return self._core.stats()
+
+    def memory_usage(self) -> dict[str, int]:
+        """Bytes the buffer holds: its data, and the metadata beyond it.
+
+        ``data_bytes`` is the ring (``capacity`` steps of every field), ``table_bytes`` the
+        episode table and ``tree_bytes`` the cached sum trees: per episode row, nothing per
+        transition.
+        """
+        with self._lock:
+            return {**self._core.store.memory(), "tree_bytes": self._core.sampler.tree_bytes()}
 
     def reseed(self, seed: int | torch.Generator | None = None) -> None:
         """Restart the random stream: from ``seed`` (as the constructor's), or the OS.
@@ -500,15 +362,15 @@ class SequenceReplay:
         ``DataLoader``), reseed in each worker from its own seed:
         ``worker_init_fn=lambda worker: buffer.reseed(torch.initial_seed() % 2**64)``.
         """
-        generator = _make_generator(seed, self._device)
+        generator = make_generator(seed, self._device)
         with self._lock:
-            self._generator = generator
+            self._core.generator = generator
 
     # ----------------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to restore the buffer exactly (tensors on CPU)."""
         with self._lock:
-            return checkpoint.pack(self._snapshot())
+            return checkpoint.pack(self._core.snapshot(type(self).__name__, self._config()))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from `state_dict`; on any error the buffer is left unchanged.
@@ -527,8 +389,7 @@ class SequenceReplay:
                     f"checkpoint class must be a {type(self).__name__}, got {state.get('class')!r}"
                 )
             snapshot = checkpoint.unpack(state, device=self._device, capacity=self._capacity)
-            priorities = self._check_snapshot(snapshot)
-            self._adopt(snapshot, priorities)
+            self._core.restore(snapshot, self._config())
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the buffer to ``path`` atomically (a temporary file, then a rename).
@@ -553,21 +414,7 @@ class SequenceReplay:
             (its checksum fails), has an unknown format version or a bad configuration.
         """
         state = checkpoint.read(path)
-        saved = checkpoint.saved_class(state)
-        if not issubclass(saved, cls):
-            raise CheckpointError(
-                f"checkpoint class must be a {cls.__name__}, got {state.get('class')!r}"
-            )
-        config = state["config"]
-        if not isinstance(config, Mapping):
-            raise CheckpointError(f"checkpoint configuration must be a mapping, got {config!r}")
-        config = dict(config)
-        if device is not None:
-            config["device"] = device
-        try:
-            buffer = saved(**config)
-        except (TypeError, ValueError) as error:
-            raise CheckpointError(f"checkpoint configuration must be valid, got {error}") from None
+        buffer = checkpoint.construct(state, cls, device)
         buffer.load_state_dict(state)
         return buffer
 
@@ -578,135 +425,13 @@ class SequenceReplay:
             "unit": self.unit,
             "max_times_sampled": self.max_times_sampled,
         }
-        return config if self._priorities is None else {**config, **self._priorities.config()}
-
-    def _snapshot(self) -> checkpoint.Snapshot:
-        return checkpoint.Snapshot(
-            class_name=type(self).__name__,
-            config=self._config(),
-            schema=self._schema,
-            table=self._table,
-            ring=self._ring,
-            counts=dict(self._counts),
-            evicted_unsampled=int(self._evicted_unsampled),
-            episodes_retired=int(self._sampler.episodes_retired),
-            rng=self._generator.get_state(),
-            extra={} if self._priorities is None else self._priorities.state(),
-        )
-
-    def _check_snapshot(self, snapshot: checkpoint.Snapshot) -> Priorities | None:
-        """Refuse a snapshot this buffer cannot adopt; return the priorities it restores."""
-        if snapshot.class_name != type(self).__name__:
-            raise CheckpointError(
-                f"checkpoint class must be a {type(self).__name__}, got {snapshot.class_name!r}"
-            )
-        mine = {k: v for k, v in self._config().items() if k != "device"}
-        theirs = {k: v for k, v in snapshot.config.items() if k != "device"}
-        if mine != theirs:
-            raise CheckpointError(f"checkpoint configuration must be {mine}, got {theirs}")
-        _check_counts(snapshot, self.max_times_sampled)
-        try:  # a state torch refuses, on a scratch generator so that ours stays untouched
-            torch.Generator(device=self._device).set_state(snapshot.rng)
-        except (RuntimeError, TypeError, ValueError) as error:
-            raise CheckpointError(
-                f"checkpoint rng must be a state of this buffer's generator, got one torch "
-                f"refuses ({str(error).splitlines()[0]})"
-            ) from None
-        table = snapshot.table
-        stored = table.priority[table.stored_rows()]
-        if self._priorities is None:
-            if snapshot.extra:
-                raise CheckpointError(f"checkpoint extra state must be empty, got {snapshot.extra}")
-            if not bool((stored == 1.0).all()):
-                raise CheckpointError(
-                    "checkpoint priority of every episode of a uniform buffer must be 1, got "
-                    f"{sorted(set(stored.tolist()) - {1.0})[:3]}"
-                )
-            return None
-        return self._priorities.with_state(snapshot.extra, stored)
-
-    def _adopt(self, snapshot: checkpoint.Snapshot, priorities: Priorities | None) -> None:
-        """Commit a checked snapshot (nothing here can fail)."""
-        self._schema = snapshot.schema
-        self._ring = snapshot.ring
-        self._table = snapshot.table
-        self._sampler.table = snapshot.table
-        self._sampler.invalidate()
-        self._sampler.episodes_retired.fill_(snapshot.episodes_retired)
-        self._counts = dict(snapshot.counts)
-        self._evicted_unsampled = snapshot.evicted_unsampled
-        self._generator.set_state(snapshot.rng)
-        self._priorities = priorities
+        priorities = self._core.priorities
+        return config if priorities is None else {**config, **priorities.config()}
 
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock, and a random stream of its own."""
         self._lock = threading.RLock()
-        self._generator.seed()
-
-
-def _check_counts(snapshot: checkpoint.Snapshot, reuse_limit: int | None) -> None:
-    """Refuse counters that contradict the table (or the reuse limit) they were saved with."""
-    table, counts = snapshot.table, snapshot.counts
-    stored = table.stored_rows()
-    times = table.times_sampled[stored]
-    expected = {
-        "episodes_added": table.next_id,
-        "episodes_evicted": table.first_id,
-        "transitions_added": table.next_offset,
-        "transitions_evicted": table.oldest_offset,
-    }
-    for name, value in expected.items():
-        if counts[name] != value:
-            raise CheckpointError(
-                f"checkpoint counts[{name!r}] must equal the table's {value}, got {counts[name]}"
-            )
-    if snapshot.evicted_unsampled > table.first_id:
-        raise CheckpointError(
-            f"checkpoint evicted_unsampled must be <= episodes_evicted ({table.first_id}), "
-            f"got {snapshot.evicted_unsampled}"
-        )
-    if reuse_limit is not None and bool((times > reuse_limit).any()):
-        raise CheckpointError(
-            f"checkpoint times_sampled must be <= max_times_sampled={reuse_limit}, "
-            f"got {int(times.max())}"
-        )
-    if int(times.sum()) > counts["chunks_sampled"]:
-        raise CheckpointError(
-            f"checkpoint chunks_sampled must be >= the draws of stored episodes "
-            f"({int(times.sum())}), got {counts['chunks_sampled']}"
-        )
-    retired = 0 if reuse_limit is None else int((times >= reuse_limit).sum())
-    if not retired <= snapshot.episodes_retired <= table.next_id:
-        raise CheckpointError(
-            f"checkpoint episodes_retired must be in [{retired}, {table.next_id}] for its "
-            f"table, got {snapshot.episodes_retired}"
-        )
-
-
-def _make_generator(seed: object, device: torch.device) -> torch.Generator:
-    if isinstance(seed, torch.Generator):
-        return seed
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(check_int("seed", seed, minimum=0, maximum=_SEED_MAX))
-    return generator
-
-
-def _check_window(window: object) -> None:
-    if not isinstance(window, Window):
-        raise TypeError(f"window must be a Window, got {type(window).__name__}")
+        self._core.generator.seed()
 
 
 checkpoint.register(SequenceReplay)
-_buffers: weakref.WeakSet[SequenceReplay] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for buffer in list(_buffers):
-        buffer._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)

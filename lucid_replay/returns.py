@@ -7,7 +7,8 @@ from typing import Literal
 import torch
 
 from lucid_replay.batch import WindowBatch
-from lucid_replay.errors import check_float, check_int, must
+from lucid_replay.checks import check_float, check_int
+from lucid_replay.errors import must
 
 __all__ = ["n_step_returns"]
 
@@ -102,11 +103,12 @@ def n_step_returns(
     >>> import torch
     >>> from lucid_replay import Episode, SequenceReplay, Window
     >>> buffer = SequenceReplay(capacity=100)
-    >>> # 3 environment steps plus the final observation; it ended in a terminal state.
+    >>> # 3 environment steps and the final observation; the episode terminated.
     >>> _ = buffer.add(Episode({"reward": [1.0, 2.0, 4.0, 0.0]}, terminated=True))
     >>> batch = buffer.gather_windows([0, 0], [0, 2], Window(2, bootstrap=2))
     >>> values = torch.full((2, 4), 10.0)
-    >>> targets, mask = n_step_returns(batch, batch["reward"], values, n=2, discount=0.5)
+    >>> rewards = batch["reward"]
+    >>> targets, mask = n_step_returns(batch, rewards, values, n=2, discount=0.5)
     >>> targets  # 1 + 0.5 * 2 + 0.25 * 10, then 2 + 0.5 * 4 + 0.25 * 0 (terminal)
     tensor([[4.5000, 4.0000, 0.0000, 0.0000],
             [4.0000, 0.0000, 0.0000, 0.0000]])

@@ -29,7 +29,7 @@ import torch
 
 from lucid_replay import arrays, sum_tree
 from lucid_replay.arrays import Array
-from lucid_replay.errors import ReuseLimitError, must
+from lucid_replay.errors import ReuseLimitError, must, must_have
 from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module
@@ -96,6 +96,12 @@ class AnchorSampler:
     def tree_bytes(self) -> int:
         """Memory held by the cached trees (for reporting)."""
         return sum(t.nodes.numel() * t.nodes.element_size() for t in self._trees.values())
+
+    def adopt(self, table: EpisodeTable, episodes_retired: int) -> None:
+        """Follow a restored ``table`` (its trees are rebuilt on their next draw)."""
+        self.table = table
+        self.invalidate()
+        self.episodes_retired.fill_(episodes_retired)
 
     def invalidate(self) -> None:
         """Forget every tree (after the table was reshaped or reloaded)."""
@@ -181,6 +187,22 @@ class AnchorSampler:
         (``unit="chunk"``) or episodes (``unit="episode"``), O(1) amortised.
         """
         return float(sum_tree.total(self.tree(span, alpha)))
+
+    def checked_draw(
+        self,
+        batch_size: int,
+        span: int,
+        *,
+        what: str,
+        alpha: float | None,
+        generator: torch.Generator,
+    ) -> Anchors:
+        """`draw`, after refusing a table with nothing eligible (``what`` names the span)."""
+        if self.table.num_episodes == 0:
+            raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
+        if self.mass(span, alpha) <= 0:
+            raise self.nothing_eligible(span, what, batch_size)
+        return self.draw(batch_size, span, alpha=alpha, generator=generator)
 
     def draw(
         self,
@@ -305,25 +327,6 @@ class AnchorSampler:
             f"{self.reuse_limit} for the eligible episodes ({self.draws_left(span)}), "
             f"got {batch_size}"
         )
-
-    def leading_retired(self) -> int:
-        """How many of the oldest stored episodes, in a row, are retired (reclaimable now).
-
-        Reads the table in blocks of 64 rows from the oldest: O(retired + 64).
-        """
-        limit, table = self.reuse_limit, self.table
-        if limit is None:
-            return 0
-        count = 0
-        while table.first_id + count < table.next_id:
-            first = table.first_id + count
-            ids = torch.arange(first, min(first + 64, table.next_id), device=table.device)
-            retired = table.times_sampled[table.rows_of(ids)] >= limit
-            leading = int(retired.int().cumprod(dim=0).sum())
-            count += leading
-            if leading < ids.numel():
-                break
-        return count
 
 
 class _CachedTree:

@@ -6,21 +6,20 @@ through one rule: a nested key is the field name of its parts joined with ``"."`
 (``("next", "obs")`` <-> ``"next.obs"``), at any depth. Key parts that already contain a ``"."``
 are refused, so the mapping is one-to-one both ways.
 
-`episode_from_tensordict` backs `Episode.from_tensordict` and `batch_to_tensordict` backs
+`trajectory_steps` backs `Episode.from_tensordict` and `batch_tensordict` backs
 ``to_tensordict()`` on every batch (`TrajectoryAssembler`, in ``assembler``, builds on the
-first). ``tensordict`` itself is imported only when one of them is called.
+first). This module knows neither class: they call it with their entries. ``tensordict``
+itself is imported only when one of them is called.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
-from lucid_replay.episode import Episode
 from lucid_replay.errors import InvalidArgumentError, must
 
 if TYPE_CHECKING:
@@ -31,16 +30,6 @@ __all__: list[str] = []  # helpers behind Episode and the batches; nothing publi
 
 NestedKey = str | tuple[str, ...]
 _DONE_FLAGS = (("next", "done"), ("next", "terminated"), ("next", "truncated"))
-# Batch entries that to_tensordict adds besides the data fields, [B, L] / [B, W] each.
-_WINDOW_RECORDS = (
-    "learning_mask",
-    "validity_mask",
-    "is_init",
-    "terminal",
-    "record_episode_ids",
-    "record_steps",
-    "step_in_sequence",
-)
 
 
 def require_tensordict() -> Any:
@@ -69,8 +58,10 @@ def _parts(key: NestedKey) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------ episodes
 
 
-def episode_from_tensordict(td: TensorDictBase, *, terminated: bool | None = None) -> Episode:
-    """An `Episode` of a TorchRL trajectory (see `Episode.from_tensordict`)."""
+def trajectory_steps(
+    td: TensorDictBase, *, terminated: bool | None = None
+) -> tuple[dict[str, torch.Tensor], bool]:
+    """The steps and ``terminated`` flag of a TorchRL trajectory (`Episode.from_tensordict`)."""
     module = check_tensordict("td", td)
     if td.batch_dims != 1:
         raise must("td", "a trajectory with one batch dimension (time)", list(td.batch_size))
@@ -95,7 +86,7 @@ def episode_from_tensordict(td: TensorDictBase, *, terminated: bool | None = Non
                 f"td[{key!r}] must be False before the last step (one episode per call), "
                 f"got {early}"
             )
-    return Episode(steps, terminated=_terminated(flags, terminated))
+    return steps, _terminated(flags, terminated)
 
 
 def _last_and_early(td: TensorDictBase, key: tuple[str, str], length: int) -> tuple[bool, Any]:
@@ -129,28 +120,21 @@ def _terminated(flags: dict[tuple[str, str], tuple[bool, Any]], given: object) -
 # ------------------------------------------------------------------------------- batches
 
 
-def batch_to_tensordict(batch: Batch | WindowBatch) -> TensorDictBase:
-    """A TensorDict of ``batch`` (see ``Batch.to_tensordict``)."""
+def batch_tensordict(
+    data: Mapping[str, torch.Tensor],
+    per_record: Mapping[str, torch.Tensor],
+    per_row: Mapping[str, torch.Tensor],
+    shape: tuple[int, int],
+    device: torch.device,
+) -> TensorDictBase:
+    """A TensorDict of batch dims ``shape`` (see ``Batch.to_tensordict``).
+
+    ``data`` fields nest back at their ``"."``; ``per_record`` entries (``shape`` each) keep
+    their names; ``per_row`` entries (``[B]``) are repeated along the records as views.
+    """
     module = require_tensordict()
-    if isinstance(batch, WindowBatch):
-        shape = tuple(batch.validity_mask.shape)
-        windows = torch.arange(shape[0], device=batch.episode_ids.device)
-        per_record = {name: getattr(batch, name) for name in _WINDOW_RECORDS}
-        per_record["sequence_id"] = windows[:, None].expand(shape)
-        per_row = {"episode_ids": batch.episode_ids, "anchor_steps": batch.anchor_steps}
-    elif isinstance(batch, Batch):
-        shape = tuple(next(iter(batch.data.values())).shape[:2])
-        per_record = {}
-        per_row = {"episode_ids": batch.episode_ids, "starts": batch.starts}
-        if isinstance(batch, PrioritizedBatch):
-            per_row["indices"] = batch.indices
-    else:
-        raise TypeError(f"batch must be a Batch or a WindowBatch, got {type(batch).__name__}")
-    weights = getattr(batch, "weights", None)
-    if weights is not None:
-        per_row["priority_weight"] = weights
     entries: dict[tuple[str, ...], torch.Tensor] = {}
-    for name, value in batch.data.items():
+    for name, value in data.items():
         parts = tuple(name.split("."))
         if not all(parts):
             raise must(f"batch field {name!r}", "made of non-empty parts between '.'", name)
@@ -163,7 +147,7 @@ def batch_to_tensordict(batch: Batch | WindowBatch) -> TensorDictBase:
             )
         entries[(name,)] = value
     _check_nesting(entries)
-    return module.TensorDict(entries, batch_size=shape, device=batch.episode_ids.device)
+    return module.TensorDict(entries, batch_size=shape, device=device)
 
 
 def _check_nesting(entries: Iterable[tuple[str, ...]]) -> None:

@@ -136,6 +136,12 @@ class Window:
         return (record >= self.burn_in) & (record < self.burn_in + self.length)
 
 
+def check_window(window: object) -> None:
+    """Refuse anything that is not a `Window`."""
+    if not isinstance(window, Window):
+        raise TypeError(f"window must be a Window, got {type(window).__name__}")
+
+
 @attrs.frozen(eq=False)
 class Records:
     """Where each record of ``B`` windows of ``W`` records lands (all ``[B, W]``)."""

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from lucid_replay.checks import check_int
 from lucid_replay.columns import Column, PageTable, as_batch, as_flags
 from lucid_replay.episode import Episode
-from lucid_replay.errors import check_int, must
+from lucid_replay.errors import must
 
 __all__ = ["EpisodeWriter"]
 

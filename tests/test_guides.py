@@ -1,7 +1,8 @@
 """Guides whose code blocks claim to run as is, in order: they do, and print what they say.
 
 Each ```python block of a guide runs in one shared namespace, in page order. A top-level
-``print(...)`` line states its output in a comment, on the same line or on the next one.
+``print(...)`` line states its output in a comment, on the same line or on the next one
+(``# -> output``, the arrow optional).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ def _expected_output(block: str) -> list[str]:
         if not line.startswith("print("):
             continue
         if "  # " in line:
-            expected.append(line.split("  # ", 1)[1])
+            expected.append(line.split("  # ", 1)[1].removeprefix("-> "))
         elif at + 1 < len(lines) and lines[at + 1].startswith("# "):
-            expected.append(lines[at + 1][2:])
+            expected.append(lines[at + 1][2:].removeprefix("-> "))
     return expected
 
 

@@ -75,7 +75,7 @@ def test_forked_child_draws_after_the_parent_held_the_lock_mid_draw():
         """
         parent = os.getpid()
         holding, release = threading.Event(), threading.Event()
-        original = buffer._draw
+        original = buffer._core.draw
 
         def slow_draw(*args, **kwargs):
             if os.getpid() == parent and not release.is_set():
@@ -83,7 +83,7 @@ def test_forked_child_draws_after_the_parent_held_the_lock_mid_draw():
                 release.wait()
             return original(*args, **kwargs)
 
-        buffer._draw = slow_draw
+        buffer._core.draw = slow_draw
         iterator = buffer.iterate(8, Window(4), prefetch=1)
         consumer = threading.Thread(target=lambda: next(iterator))
         consumer.start()

@@ -474,12 +474,14 @@ def test_evicted_id_never_touches_the_episode_now_in_its_row() -> None:
     buffer = PrioritizedSequenceReplay(8, alpha=1.0, epsilon=EPSILON, seed=61)
     first = buffer.add(make_episode(4))
     buffer.sample_prioritized(8, 2)  # build the tree early: later changes are incremental
-    rows = buffer._table.row_count
+    rows = buffer._core.store.table.row_count
     for _ in range(rows):
         newest = buffer.add(make_episode(4))
     assert newest == first + rows
-    assert buffer._table.row_of(newest) == buffer._table.row_of(first)  # same row, new tenant
-    assert buffer._table.row_count == rows  # no growth: rows really are reused
+    assert buffer._core.store.table.row_of(newest) == buffer._core.store.table.row_of(
+        first
+    )  # same row, new tenant
+    assert buffer._core.store.table.row_count == rows  # no growth: rows really are reused
     before = buffer.priorities.clone()
     assert buffer.update_priorities([first], [1_000.0]) == 0
     assert buffer.update_priorities([first, newest - 1], [1_000.0, 2.0]) == 1
@@ -673,16 +675,16 @@ def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
             batch = buffer.sample_prioritized(128, span)
             errors = rng.exponential(size=128) * (round_ + 1)
             buffer.update_priorities(batch.indices, errors)
-    assert buffer._table.row_count > 1_024  # the table grew at least once
+    assert buffer._core.store.table.row_count > 1_024  # the table grew at least once
     assert buffer.stats()["episodes_evicted"] > 0
     stored = list(buffer.episode_ids)
     priorities = buffer.priorities.numpy()
-    rows = buffer._table.rows_of(torch.tensor(stored)).numpy()
+    rows = buffer._core.store.table.rows_of(torch.tensor(stored)).numpy()
     for span in (3, 6):
-        tree = buffer._sampler.tree(span, alpha)
-        scale = buffer._sampler._cached(span, alpha).scale ** alpha  # cancels in every P
+        tree = buffer._core.sampler.tree(span, alpha)
+        scale = buffer._core.sampler._cached(span, alpha).scale ** alpha  # cancels in every P
         counts = _anchors([lengths[i] for i in stored], span)
-        expected = np.zeros(buffer._table.row_count)
+        expected = np.zeros(buffer._core.store.table.row_count)
         expected[rows] = counts * priorities**alpha
         leaves = sum_tree.leaves(tree).numpy() * scale
         np.testing.assert_allclose(leaves, expected, rtol=1e-12)

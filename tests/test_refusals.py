@@ -95,7 +95,7 @@ def test_write_failure_leaves_no_phantom_episode(monkeypatch):
     def broken_write(*args, **kwargs):
         raise RuntimeError("copy failed")
 
-    monkeypatch.setattr(buffer._ring, "write", broken_write)
+    monkeypatch.setattr(buffer._core.store.ring, "write", broken_write)
     with pytest.raises(RuntimeError, match="copy failed"):
         buffer.add(make_episode(5))  # evicts episode 0 first
     assert list(buffer.episode_ids) == [1]

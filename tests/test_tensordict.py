@@ -271,8 +271,8 @@ def test_to_tensordict_shares_memory_and_a_clone_is_writable():
     ("fields", "message"),
     [
         (
-            {"learning_mask": torch.zeros(3)},
-            r"^batch field 'learning_mask' must be named unlike the entries added \(\[",
+            {"anchor_steps": torch.zeros(3)},
+            r"^batch field 'anchor_steps' must be named unlike the entries added \(\[",
         ),
         (
             {"next": torch.zeros(3), "next.obs": torch.zeros(3)},

@@ -1,0 +1,185 @@
+"""`ReplayCore`: a buffer's state and its data path, behind validation and the lock.
+
+The public buffers (`lucid_replay.replay`, `lucid_replay.prioritized`) check every argument,
+take their lock, and call one method here. Each method reads as the data path it runs::
+
+    anchors = draw(...)  # sampling: which anchors
+    records = expand(table, anchors, ...)  # window: what each expands to
+    batch = window_batch(...)  # batch: gathered onto the target device
+
+Shards of a distributed replay call the same methods (`log_mass`, `draw`, `assemble`), so a
+sharded draw runs exactly this code in every shard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from lucid_replay import arrays, checkpoint
+from lucid_replay.batch import Batch, WindowBatch, chunk_batch, window_batch
+from lucid_replay.episode import Episode
+from lucid_replay.priorities import Priorities
+from lucid_replay.sampling import Anchors, AnchorSampler
+from lucid_replay.schema import Schema
+from lucid_replay.store import EpisodeStore
+from lucid_replay.window import Window, expand
+
+__all__: list[str] = []  # internal module
+
+
+class ReplayCore:
+    """Stored episodes, the sampler over them, the random stream, and priorities (or None).
+
+    Methods assume validated arguments and a held lock.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        device: torch.device,
+        unit: str,
+        reuse_limit: int | None,
+        generator: torch.Generator,
+    ) -> None:
+        self.store = EpisodeStore(capacity, device, reuse_limit)
+        self.sampler = AnchorSampler(self.store.table, unit, reuse_limit)
+        self.store.on_change = self.sampler.mark_dirty
+        self.generator = generator
+        self.priorities: Priorities | None = None
+        self.chunks_sampled = 0
+
+    # ---------------------------------------------------------------------------- adding
+    def add(self, episode: Episode, schema: Schema) -> int:
+        """Store a checked episode at the largest priority ever set (1 without priorities)."""
+        priority = 1.0 if self.priorities is None else self.priorities.max_priority
+        return self.store.add(episode, schema, priority)
+
+    # --------------------------------------------------------------------------- drawing
+    def draw(self, batch_size: int, window: Window, *, prioritized: bool) -> Anchors:
+        """Draw anchors whose learning region fits, with importance weights if prioritized."""
+        alpha = self.alpha(prioritized)
+        what = "length" if window == Window(window.length) else "the window's anchor span"
+        anchors = self.sampler.checked_draw(
+            batch_size, window.anchor_span, what=what, alpha=alpha, generator=self.generator
+        )
+        if self.priorities is not None and alpha is not None:
+            anchors = attrs.evolve(anchors, weights=self.priorities.weights(anchors.priorities))
+        self.chunks_sampled += batch_size
+        return anchors
+
+    def alpha(self, prioritized: bool) -> float | None:
+        """The trees' alpha for a draw: ``None`` for a uniform one."""
+        return None if not prioritized or self.priorities is None else self.priorities.alpha
+
+    def log_mass(self, window: Window, *, prioritized: bool) -> float:
+        """``log`` of the total mass a draw of ``window`` chooses from (``-inf``: none)."""
+        return self.sampler.log_mass(window.anchor_span, self.alpha(prioritized))
+
+    def chunks(
+        self, batch_size: int, length: int, target: torch.device, *, prioritized: bool
+    ) -> Batch:
+        """Draw chunks of ``length`` steps onto ``target``."""
+        anchors = self.draw(batch_size, Window(length), prioritized=prioritized)
+        batch = chunk_batch(self.store.ring, self.store.table, anchors, length, target)
+        self.store.reclaim_retired()  # only once the batch no longer needs their rows
+        return batch
+
+    def windows(
+        self, batch_size: int, window: Window, target: torch.device, *, prioritized: bool
+    ) -> WindowBatch:
+        """Draw anchors and expand each into ``window`` onto ``target``."""
+        anchors = self.draw(batch_size, window, prioritized=prioritized)  # sampling
+        batch = self.assemble(anchors, window, target)  # window, then batch
+        self.store.reclaim_retired()  # only once the batch no longer needs their rows
+        return batch
+
+    def assemble(self, anchors: Anchors, window: Window, target: torch.device) -> WindowBatch:
+        """The `WindowBatch` of stored ``anchors`` expanded into ``window``, on ``target``."""
+        table = self.store.table
+        records = expand(table, anchors, window)
+        return window_batch(self.store.ring, table, anchors, records, window, target)
+
+    def num_eligible(self, window: Window) -> int:
+        """Anchors (or episodes) a uniform draw of ``window`` chooses from now."""
+        return round(self.sampler.mass(window.anchor_span, None))
+
+    # ------------------------------------------------------------------------ priorities
+    def apply_priorities(self, ids: torch.Tensor, priorities: torch.Tensor) -> int:
+        """Set ``priorities`` of issued ``ids`` (checked); skip evicted ids.
+
+        Duplicates keep their largest priority. Returns how many distinct ids were applied.
+        """
+        assert self.priorities is not None  # only prioritized buffers call this
+        table = self.store.table
+        ids_of, priorities_of = arrays.engine(ids), arrays.engine(priorities)
+        stored = table.is_stored(ids_of)
+        if not bool(stored.all()):  # evicted ids must not touch the rows now reused
+            ids_of, priorities_of = ids_of[stored], priorities_of[stored]
+        if ids_of.shape[0] == 0:
+            return 0
+        rows = table.rows_of(ids_of)
+        arrays.assign_max(table.arrays["priority"], rows, priorities_of)
+        self.priorities.raise_max(float(priorities_of.max()))
+        self.sampler.mark_priorities_dirty(arrays.tensor(rows))
+        return arrays.count_distinct(rows)
+
+    def stored_priorities(self) -> torch.Tensor:
+        """float64 ``[num_episodes]``: stored episodes' priorities, oldest first."""
+        table = self.store.table
+        priorities: torch.Tensor = table.priority[table.stored_rows()]
+        return priorities
+
+    # -------------------------------------------------------------------------- reporting
+    def stats(self) -> dict[str, int]:
+        """The buffer's counters (see `SequenceReplay.stats`)."""
+        store = self.store
+        return {
+            **store.counts,
+            "chunks_sampled": self.chunks_sampled,
+            "episodes_evicted_unsampled": int(store.evicted_unsampled),
+            "episodes_retired": int(self.sampler.episodes_retired),
+            "episodes_stored": store.table.num_episodes,
+            "transitions_stored": store.table.num_transitions,
+        }
+
+    # ----------------------------------------------------------------------- persistence
+    def snapshot(self, class_name: str, config: dict[str, Any]) -> checkpoint.Snapshot:
+        """What a checkpoint of this state holds (shared, not copied: pack it at once)."""
+        store = self.store
+        return checkpoint.Snapshot(
+            class_name=class_name,
+            config=config,
+            schema=store.schema,
+            table=store.table,
+            ring=store.ring,
+            counts={**store.counts, "chunks_sampled": self.chunks_sampled},
+            evicted_unsampled=int(store.evicted_unsampled),
+            episodes_retired=int(self.sampler.episodes_retired),
+            rng=self.generator.get_state(),
+            extra={} if self.priorities is None else self.priorities.state(),
+        )
+
+    def restore(self, snapshot: checkpoint.Snapshot, config: dict[str, Any]) -> None:
+        """Check ``snapshot`` against this state's ``config``, then adopt it whole."""
+        device = self.store.table.device
+        checkpoint.check_adoptable(
+            snapshot,
+            config,
+            reuse_limit=self.sampler.reuse_limit,
+            prioritized=self.priorities is not None,
+            device=device,
+        )
+        priorities = None
+        if self.priorities is not None:
+            table = snapshot.table
+            stored = table.priority[table.stored_rows()]
+            priorities = self.priorities.with_state(snapshot.extra, stored)
+        # Nothing below can fail on a checked snapshot: commit.
+        self.store.adopt(snapshot)
+        self.sampler.adopt(snapshot.table, snapshot.episodes_retired)
+        self.chunks_sampled = snapshot.counts["chunks_sampled"]
+        self.generator.set_state(snapshot.rng)
+        self.priorities = priorities

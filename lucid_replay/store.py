@@ -1,0 +1,211 @@
+"""`EpisodeStore`: what a buffer holds, and the rules of adding, evicting and looking up.
+
+It owns the schema, the transition ring, the episode table and their counters. Adds copy the
+data before the table records the episode, evict whole episodes oldest-first, and reclaim
+retired episodes as soon as they are the oldest. Every row whose leaf a sum tree must
+recompute is reported to ``on_change`` (the sampler's `AnchorSampler.mark_dirty`).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lucid_replay.checks import as_vector
+from lucid_replay.episode import Episode
+from lucid_replay.errors import UnknownEpisodeError, must
+from lucid_replay.sampling import Anchors
+from lucid_replay.schema import Schema
+from lucid_replay.storage import TransitionRing
+from lucid_replay.table import EpisodeTable
+
+if TYPE_CHECKING:
+    from lucid_replay.checkpoint import Snapshot
+
+__all__: list[str] = []  # internal module
+
+COUNTS = ("episodes_added", "transitions_added", "episodes_evicted", "transitions_evicted")
+
+
+class EpisodeStore:
+    """A schema, a ring of ``capacity`` transitions on ``device``, and the episode table.
+
+    Parameters
+    ----------
+    capacity, device
+        Of the ring.
+    reuse_limit
+        ``max_times_sampled``: episodes drawn this often are retired, reclaimed when oldest.
+
+    Attributes
+    ----------
+    on_change
+        Called with the rows (an ``int`` or a tensor) whose leaves changed; set by the
+        owner of the sum trees.
+    """
+
+    def __init__(self, capacity: int, device: torch.device, reuse_limit: int | None) -> None:
+        self.capacity = capacity
+        self.reuse_limit = reuse_limit
+        self.on_change: Callable[[int | torch.Tensor], None] = _ignore
+        self.schema: Schema | None = None
+        self.ring = TransitionRing(capacity, device)
+        self.table = EpisodeTable(device)
+        self.counts = dict.fromkeys(COUNTS, 0)
+        # An int on CPU; on a device a 0-d tensor, so that eviction never waits for the device.
+        self.evicted_unsampled: int | torch.Tensor = 0
+
+    # ---------------------------------------------------------------------------- adding
+    def checked_schema(self, episode: object, schema: Schema | None) -> Schema:
+        """The schema ``episode`` is stored under, after ``schema`` (None: the first)."""
+        if not isinstance(episode, Episode):
+            raise TypeError(f"episode must be an Episode, got {type(episode).__name__}")
+        if len(episode) > self.capacity:
+            raise must("episode length", f"<= capacity ({self.capacity})", len(episode))
+        if schema is None:
+            episode.schema.check_storable()
+            return episode.schema
+        schema.check(episode.schema)
+        return schema
+
+    def add(self, episode: Episode, schema: Schema, priority: float) -> int:
+        """Store a copy of a checked ``episode`` (see `checked_schema`); return its id."""
+        if self.schema is None:
+            self.ring.allocate(schema)  # all or nothing: a failure fixes no schema
+            self.schema = schema
+        table, length = self.table, len(episode)
+        to_evict = table.count_to_evict(self.capacity, length)
+        if to_evict:
+            self.evict(to_evict)
+            self.reclaim_retired()  # a retired episode may have just become the oldest
+        # Data first: if the copy fails, no table row claims the slots it was writing.
+        self.ring.write(table.next_offset, episode.steps, episode._host_steps)
+        episode_id, row, _ = table.append(length, episode.terminated, priority)
+        self.on_change(row)
+        self.counts["episodes_added"] += 1
+        self.counts["transitions_added"] += length
+        return episode_id
+
+    def evict(self, count: int) -> None:
+        """Drop the ``count`` oldest episodes."""
+        rows, transitions, unsampled = self.table.evict_oldest(count)
+        self.evicted_unsampled = self.evicted_unsampled + unsampled
+        self.on_change(rows)
+        self.counts["episodes_evicted"] += count
+        self.counts["transitions_evicted"] += transitions
+
+    def reclaim_retired(self) -> None:
+        """Evict retired episodes at the front of the queue: they can never be drawn again.
+
+        Reads the table in blocks of 64 rows from the oldest: O(retired + 64).
+        """
+        limit, table = self.reuse_limit, self.table
+        if limit is None:
+            return
+        while table.num_episodes:
+            ids = torch.arange(
+                table.first_id, min(table.first_id + 64, table.next_id), device=table.device
+            )
+            retired = table.times_sampled[table.rows_of(ids)] >= limit
+            leading = int(retired.int().cumprod(dim=0).sum())
+            if leading:
+                self.evict(leading)
+            if leading < ids.numel():
+                return
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held by the ring (``data_bytes``) and the episode table (``table_bytes``)."""
+        return {
+            "data_bytes": _bytes(self.ring.fields.values()),
+            "table_bytes": _bytes(self.table.columns.values()),
+        }
+
+    def adopt(self, snapshot: Snapshot) -> None:
+        """Take the stored state of a checked ``snapshot`` (nothing here can fail)."""
+        self.schema, self.ring, self.table = snapshot.schema, snapshot.ring, snapshot.table
+        self.counts = {name: snapshot.counts[name] for name in COUNTS}
+        self.evicted_unsampled = snapshot.evicted_unsampled
+
+    # --------------------------------------------------------------------------- lookups
+    def stored_id(self, episode_id: object) -> int:
+        """``episode_id`` as an int if it is stored; `UnknownEpisodeError` otherwise."""
+        if isinstance(episode_id, bool):
+            raise TypeError(f"episode_id must be an int, got {episode_id!r}")
+        try:
+            number = operator.index(episode_id)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"episode_id must be an int, got {episode_id!r}") from None
+        table = self.table
+        if not table.first_id <= number < table.next_id:
+            state = "was evicted" if 0 <= number < table.first_id else "was never issued"
+            raise UnknownEpisodeError(
+                f"episode_id must be a stored episode ({table.first_id}.."
+                f"{table.next_id - 1}), got {number}: it {state}"
+            )
+        return number
+
+    def episode(self, episode_id: int) -> Episode:
+        """A copy of stored episode ``episode_id`` (checked by `stored_id`)."""
+        start, length = self.table.episode_range(episode_id)
+        terminated = bool(self.table.terminated[self.table.row_of(episode_id)])
+        return Episode(self.ring.read(start, length), terminated=terminated)
+
+    def anchors(self, episode_ids: Any, anchor_steps: Any) -> Anchors:
+        """Anchors at given stored steps (lists, arrays or tensors of ints, ``[B]`` each).
+
+        Refuses ids that are not stored and steps outside their episode.
+        """
+        device = self.table.device
+        ids = as_vector("episode_ids", episode_ids, torch.int64, device).clone()  # owned
+        steps = as_vector("anchor_steps", anchor_steps, torch.int64, device).clone()
+        if ids.shape != steps.shape:
+            raise must("anchor_steps", f"as long as episode_ids ({ids.numel()})", steps.numel())
+        table = self.table
+        stored = table.is_stored(ids)
+        if not bool(stored.all()):
+            self.stored_id(int(ids[~stored][0]))
+        lengths = table.length[table.rows_of(ids)]
+        outside = (steps < 0) | (steps >= lengths)
+        if bool(outside.any()):
+            at = int(outside.nonzero()[0])
+            raise must(
+                f"anchor_steps[{at}]",
+                f"a step of episode {int(ids[at])} (0 .. {int(lengths[at]) - 1})",
+                int(steps[at]),
+            )
+        return Anchors(table.rows_of(ids), ids, steps)
+
+    def write_records(
+        self,
+        name: str,
+        ids: torch.Tensor,
+        steps: torch.Tensor,
+        mask: torch.Tensor,
+        values: torch.Tensor,
+    ) -> int:
+        """Write ``values`` ``[B, W, ...]`` into field ``name`` at records ``(ids, steps)``.
+
+        Only where ``mask`` holds and the episode is still stored; returns how many records
+        were written.
+        """
+        if self.schema is None:
+            raise must("name", "a stored field []", name)
+        self.schema.check_values(name, values, tuple(mask.shape))
+        device, table = self.table.device, self.table
+        ids, steps = ids.to(device), steps.to(device)
+        write = mask.to(device) & table.is_stored(ids)
+        offsets = table.start[table.rows_of(ids[write])] + steps[write]
+        # Stored data is never part of an autograd graph (states from a forward pass).
+        self.ring.scatter(name, offsets, values.detach().to(device)[write], table.oldest_offset)
+        return int(write.sum())
+
+
+def _ignore(rows: int | torch.Tensor) -> None:
+    """`EpisodeStore.on_change` until an owner sets it."""
+
+
+def _bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
