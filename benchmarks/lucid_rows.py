@@ -211,15 +211,15 @@ def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
 
 def memory_rows(config: Config, buffer: PrioritizedSequenceReplay) -> list[Row]:
     """Bytes beyond the user's data, read off the buffer's own tensors."""
-    table = buffer._table
+    table = buffer._core.store.table
     table_bytes = sum(t.numel() * t.element_size() for t in table.columns.values())
-    tree_bytes = buffer._sampler.tree_bytes()
-    ring = buffer._ring.fields
+    tree_bytes = buffer._core.sampler.tree_bytes()
+    ring = buffer._core.store.ring.fields
     ring_bytes = sum(t.numel() * t.element_size() for t in ring.values())
     user_bytes = buffer.capacity * sum(t[0].numel() * t.element_size() for t in ring.values())
     episodes = buffer.num_episodes
     per_row = table_bytes / table.row_count
-    trees = len(buffer._sampler._trees)
+    trees = len(buffer._core.sampler._trees)
     return [
         Row(
             "memory.lucid.episode",

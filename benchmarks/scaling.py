@@ -126,7 +126,7 @@ def transition_rows(config: Config, source: Dataset, only: Callable[[str], bool]
         extra = {"transitions": size, "episodes": buffer.num_episodes}
         if only("scale.T.floor") or only(f"scale.T.{tag}"):
             key = f"scale.T.{tag}.floor"
-            calls[key] = _floor_call(config, buffer._ring.fields, size)
+            calls[key] = _floor_call(config, buffer._core.store.ring.fields, size)
             labels[key] = (
                 f"gather floor (index_select from the same ring), {tag} transitions",
                 {**extra, "series": "gather floor"},
@@ -183,7 +183,7 @@ def episode_rows(config: Config, source: Dataset, only: Callable[[str], bool]) -
         if only("scale.E.lucid"):
             buffer = scaled_buffer(config, capacity, lambda _, n=length: n, count, source)
             timing = _time_sample_update(config, buffer, window, errors)
-            table = buffer._table
+            table = buffer._core.store.table
             table_bytes = sum(t.numel() * t.element_size() for t in table.columns.values())
             rows.append(
                 Row.timed(

@@ -154,12 +154,20 @@ def window_priorities(
             raise must_have(
                 "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
             )
-    counted = arrays.engine(validity_mask) & arrays.engine(learning_mask)
-    own_episode = arrays.engine(record_episode_ids) == arrays.engine(episode_ids)[:, None]
-    counted = counted & own_episode
+    learning, valid = arrays.engine(learning_mask), arrays.engine(validity_mask)
+    records, kept = arrays.engine(record_episode_ids), arrays.engine(values)
+    region = _shared_region(learning)
+    if region is not None:  # only the learning columns can count: work on those alone
+        valid, records, kept = valid[:, region], records[:, region], kept[:, region]
+        counted = valid
+        if mask is not None:
+            mask = mask[:, region]
+    else:
+        counted = valid & learning
+    counted = counted & (records == arrays.engine(episode_ids)[:, None])
     if mask is not None:
         counted = counted & arrays.engine(mask)
-    magnitudes = arrays.where(counted, abs(arrays.engine(values)), 0.0)
+    magnitudes = arrays.where(counted, abs(kept), 0.0)
     records = counted.sum(1)
     mean = magnitudes.sum(1) / (records + (records == 0))
     mixed = eta * arrays.row_max(magnitudes) + (1 - eta) * mean
@@ -170,3 +178,21 @@ def window_priorities(
     if not bool(records.all()):  # windows without a counted record carry no signal
         ids, mixed = ids[records > 0], mixed[records > 0]
     return ids, mixed
+
+
+def _shared_region(learning: Array) -> slice | None:
+    """The columns of the learning region, if every row has the same contiguous one.
+
+    What `sample_windows` returns (one `Window`): routing then reads ~60% of an R2D2
+    window's records. One comparison pass decides it, so a mask edited row by row is
+    still honoured.
+    """
+    if learning.shape[0] == 0:
+        return None
+    columns = arrays.flat_nonzero(learning[0])
+    if columns.shape[0] == 0:
+        return None
+    first, last = int(columns[0]), int(columns[-1])
+    if last + 1 - first != columns.shape[0] or not bool((learning == learning[:1]).all()):
+        return None
+    return slice(first, last + 1)

@@ -118,6 +118,13 @@ class Schema(Mapping[str, FieldSpec]):
     def __len__(self) -> int:
         return len(self._fields)
 
+    def __eq__(self, other: object) -> bool:
+        # `add` compares every episode's schema with the buffer's: a dict comparison, not
+        # Mapping's generic one (which builds two dicts).
+        if isinstance(other, Schema):
+            return self._fields == other._fields
+        return isinstance(other, Mapping) and self._fields == dict(other.items())
+
     def __hash__(self) -> int:
         return hash(frozenset(self._fields.items()))
 
