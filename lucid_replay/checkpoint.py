@@ -203,7 +203,7 @@ def check_adoptable(
     A uniform buffer's priorities are all 1 and it has no extra state.
     """
     mine = {k: v for k, v in config.items() if k != "device"}
-    theirs = {k: v for k, v in snapshot.config.items() if k != "device"}
+    theirs = {"schema": None, **{k: v for k, v in snapshot.config.items() if k != "device"}}
     if mine != theirs:
         raise CheckpointError(f"checkpoint configuration must be {mine}, got {theirs}")
     _check_consistent(snapshot, reuse_limit, device)
@@ -287,6 +287,8 @@ def construct(state: Mapping[str, Any], expected: type[_T], device: object) -> _
     if device is not None:
         config["device"] = device
     try:
+        if config.get("schema") is not None:  # saved as plain containers
+            config["schema"] = Schema.from_state(config["schema"])
         return saved(**config)
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"checkpoint configuration must be valid, got {error}") from None

@@ -43,8 +43,9 @@ class ReplayCore:
         unit: str,
         reuse_limit: int | None,
         generator: torch.Generator,
+        schema: Schema | None = None,
     ) -> None:
-        self.store = EpisodeStore(capacity, device, reuse_limit)
+        self.store = EpisodeStore(capacity, device, reuse_limit, schema)
         self.sampler = AnchorSampler(self.store.table, unit, reuse_limit)
         self.store.on_change = self.sampler.mark_dirty
         self.generator = generator

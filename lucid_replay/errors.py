@@ -14,6 +14,7 @@ __all__ = [
     "CheckpointError",
     "InvalidArgumentError",
     "LucidReplayError",
+    "RateLimiterTimeout",
     "ReuseLimitError",
     "SchemaDtypeError",
     "SchemaError",
@@ -51,6 +52,13 @@ class UnknownEpisodeError(LucidReplayError, KeyError):
     def __str__(self) -> str:
         # KeyError quotes its argument; a sentence reads better unquoted.
         return str(self.args[0]) if self.args else ""
+
+
+class RateLimiterTimeout(LucidReplayError, TimeoutError):
+    """A rate limiter kept an insert or a sample waiting past its ``timeout``.
+
+    Nothing was inserted or drawn: the call can be retried as it was.
+    """
 
 
 def must(param: str, rule: str, got: Any) -> InvalidArgumentError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
     epsilon
         Added to every ``|error|`` so that an episode whose error reached zero can still be
         drawn.
-    device, unit, seed, max_times_sampled
+    device, unit, seed, max_times_sampled, schema
         As `SequenceReplay`.
 
     Raises
@@ -91,10 +92,16 @@ class PrioritizedSequenceReplay(SequenceReplay):
         unit: str = "chunk",
         seed: int | torch.Generator | None = None,
         max_times_sampled: int | None = None,
+        schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
     ) -> None:
         priorities = Priorities(alpha, beta, epsilon)
         super().__init__(
-            capacity, device=device, unit=unit, seed=seed, max_times_sampled=max_times_sampled
+            capacity,
+            device=device,
+            unit=unit,
+            seed=seed,
+            max_times_sampled=max_times_sampled,
+            schema=schema,
         )
         self._core.priorities = priorities
 

@@ -22,6 +22,7 @@ from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
 from lucid_replay.errors import CheckpointError, must, wrong_type
 from lucid_replay.prefetch import Prefetcher
+from lucid_replay.schema import Schema
 from lucid_replay.window import MAX_RECORDS, Window, check_window
 
 __all__ = ["SequenceReplay"]
@@ -52,6 +53,11 @@ class SequenceReplay:
     max_times_sampled
         Reuse limit: an episode is drawn at most this many times in total (also within one
         batch), then *retired*: never drawn again, and reclaimed as soon as it is the oldest.
+    schema
+        Field name -> ``(per-step shape tuple, torch dtype)``, fixed now instead of by the
+        first episode (and returned by `schema` before any add). `add` then casts each field
+        to its declared dtype where numpy's ``same_kind`` rule allows it (float64 rewards to
+        float32, integers to floats) and refuses the rest (floats to integers).
 
     Raises
     ------
@@ -91,7 +97,9 @@ class SequenceReplay:
         unit: str = "chunk",
         seed: int | torch.Generator | None = None,
         max_times_sampled: int | None = None,
+        schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
     ) -> None:
+        declared = None if schema is None else Schema.declared(schema)
         self._capacity = check_int("capacity", capacity, minimum=1, maximum=2**62)
         if unit not in _UNITS:
             raise must("unit", f"one of {_UNITS}", unit)
@@ -100,7 +108,9 @@ class SequenceReplay:
         self._device = check_device("device", device)
         generator = make_generator(seed, self._device)
         self._lock = threading.RLock()
-        self._core = ReplayCore(self._capacity, self._device, unit, max_times_sampled, generator)
+        self._core = ReplayCore(
+            self._capacity, self._device, unit, max_times_sampled, generator, declared
+        )
         forks.reset_in_child(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -140,7 +150,10 @@ class SequenceReplay:
 
     @property
     def schema(self) -> Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None:
-        """Field name -> (per-step shape, dtype), fixed by the first episode; ``None`` before."""
+        """Field name -> (per-step shape, dtype): declared, or fixed by the first episode.
+
+        ``None`` before the first episode when none was declared.
+        """
         return self._core.store.schema
 
     def __len__(self) -> int:
@@ -419,11 +432,14 @@ class SequenceReplay:
         return buffer
 
     def _config(self) -> dict[str, Any]:
+        store = self._core.store
+        declared = store.schema if store.declared else None
         config = {
             "capacity": self._capacity,
             "device": str(self._device),
             "unit": self.unit,
             "max_times_sampled": self.max_times_sampled,
+            "schema": declared.to_state() if declared is not None else None,
         }
         priorities = self._core.priorities
         return config if priorities is None else {**config, **priorities.config()}

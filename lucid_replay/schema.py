@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from lucid_replay.errors import SchemaDtypeError, SchemaError, must, must_have
@@ -55,6 +56,20 @@ RESERVED_NAMES = (
 )
 
 _DTYPES_BY_NAME = {str(dtype): dtype for dtype in SUPPORTED_DTYPES}
+
+
+def casts_same_kind(source: torch.dtype, target: torch.dtype) -> bool:
+    """Whether numpy's ``same_kind`` rule casts ``source`` to ``target`` (bfloat16: a float)."""
+    try:
+        return bool(np.can_cast(_numpy_kind(source), _numpy_kind(target), casting="same_kind"))
+    except TypeError:  # a dtype with no numpy counterpart of its kind
+        return False
+
+
+def _numpy_kind(dtype: torch.dtype) -> np.dtype[Any]:
+    if dtype == torch.bfloat16:  # no numpy bfloat16; float32 is of the same kind
+        return np.dtype(np.float32)
+    return np.dtype(str(dtype).removeprefix("torch."))
 
 
 class Schema(Mapping[str, FieldSpec]):
@@ -156,15 +171,19 @@ class Schema(Mapping[str, FieldSpec]):
                     f"({', '.join(str(d) for d in SUPPORTED_DTYPES)}), got {dtype}{advice}"
                 )
 
-    def check(self, incoming: Mapping[str, FieldSpec]) -> None:
+    def check(self, incoming: Mapping[str, FieldSpec], *, cast: bool = False) -> None:
         """Refuse an episode schema ``incoming`` that differs from this one.
+
+        With ``cast=True`` (a declared schema) a dtype may differ where numpy's
+        ``same_kind`` rule casts it to this schema's (float64 to float32, int64 to float32,
+        but not float to int).
 
         Raises
         ------
         SchemaError
             For missing or extra fields, or another per-step shape.
         SchemaDtypeError
-            For another dtype.
+            For another dtype (one that does not cast, with ``cast=True``).
         """
         if incoming == self:
             return
@@ -179,8 +198,9 @@ class Schema(Mapping[str, FieldSpec]):
                 raise SchemaError(
                     f"field {name!r} must have per-step shape {shape}, got {got_shape}"
                 )
-            if got_dtype != dtype:
-                raise SchemaDtypeError(f"field {name!r} must have dtype {dtype}, got {got_dtype}")
+            if got_dtype != dtype and not (cast and casts_same_kind(got_dtype, dtype)):
+                rule = f"a dtype that casts to {dtype} (same kind)" if cast else f"dtype {dtype}"
+                raise SchemaDtypeError(f"field {name!r} must have {rule}, got {got_dtype}")
 
     def check_values(self, name: Any, values: Any, leading: tuple[int, ...]) -> None:
         """Refuse ``values`` for field ``name`` unless a tensor of ``[*leading, *shape]``.

@@ -39,6 +39,9 @@ class EpisodeStore:
         Of the ring.
     reuse_limit
         ``max_times_sampled``: episodes drawn this often are retired, reclaimed when oldest.
+    declared
+        A schema fixed in advance (else the first episode fixes it); ``add`` then casts
+        dtypes to it where numpy's ``same_kind`` rule allows.
 
     Attributes
     ----------
@@ -47,11 +50,18 @@ class EpisodeStore:
         owner of the sum trees.
     """
 
-    def __init__(self, capacity: int, device: torch.device, reuse_limit: int | None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        device: torch.device,
+        reuse_limit: int | None,
+        declared: Schema | None = None,
+    ) -> None:
         self.capacity = capacity
         self.reuse_limit = reuse_limit
         self.on_change: Callable[[int | torch.Tensor], None] = _ignore
-        self.schema: Schema | None = None
+        self.schema = declared
+        self.declared = declared is not None  # a declared schema casts same-kind dtypes
         self.ring = TransitionRing(capacity, device)
         self.table = EpisodeTable(device)
         self.counts = dict.fromkeys(COUNTS, 0)
@@ -68,14 +78,17 @@ class EpisodeStore:
         if schema is None:
             episode.schema.check_storable()
             return episode.schema
-        schema.check(episode.schema)
+        schema.check(episode.schema, cast=self.declared)
         return schema
 
     def add(self, episode: Episode, schema: Schema, priority: float) -> int:
         """Store a copy of a checked ``episode`` (see `checked_schema`); return its id."""
-        if self.schema is None:
+        if not self.ring.fields:
             self.ring.allocate(schema)  # all or nothing: a failure fixes no schema
             self.schema = schema
+        if episode.schema != schema:  # a declared schema's same-kind casts
+            cast = {name: t.to(schema[name][1]) for name, t in episode.steps.items()}
+            episode = Episode(cast, terminated=episode.terminated)
         table, length = self.table, len(episode)
         to_evict = table.count_to_evict(self.capacity, length)
         if to_evict:

@@ -1,0 +1,109 @@
+"""`ShardHooks`: what a coordinator of several buffers needs from each (package-internal).
+
+A sharded replay draws exactly what one buffer over the union of its shards would draw:
+
+1. it reads each shard's total mass (`log_mass`: ``log sum_e n_e p_e^alpha``, comparable
+   across shards whatever their trees' scales),
+2. draws a shard label per batch position from those masses with its own generator,
+3. asks each shard for its count of draws (`draw_round`) from the shard's own tree and
+   generator, kept within the reuse limit without local redraws (the refused positions are
+   labelled again from the masses of the moment, round after round),
+4. normalises importance weights over the merged batch from the drawn episodes'
+   priorities: ``(p_min / p) ** (alpha beta)`` needs neither ``N`` nor the total mass.
+
+Priority updates route by episode id; `update` reports the largest priority it applied, so
+the coordinator can keep the maximum priority global (`raise_max_priority`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lucid_replay import arrays
+from lucid_replay.batch import Batch, WindowBatch, chunk_batch
+from lucid_replay.checks import as_vector
+from lucid_replay.errors import must
+from lucid_replay.prioritized import PrioritizedSequenceReplay
+from lucid_replay.window import Window
+
+__all__: list[str] = []  # internal module
+
+
+class ShardHooks:
+    """Coordinator operations on one `PrioritizedSequenceReplay` (a shard), under its lock."""
+
+    def __init__(self, buffer: PrioritizedSequenceReplay) -> None:
+        if not isinstance(buffer, PrioritizedSequenceReplay):
+            raise TypeError(f"buffer must be a PrioritizedSequenceReplay, got {buffer!r}")
+        self.buffer = buffer
+
+    def log_mass(self, window: Window, *, prioritized: bool) -> float:
+        """``log`` of the mass a draw of ``window`` chooses from (``-inf``: nothing)."""
+        with self.buffer._lock:
+            return self.buffer._core.log_mass(window, prioritized=prioritized)
+
+    def draws_left(self, window: Window) -> int | None:
+        """Draws the reuse limit still allows for ``window``; ``None`` without a limit."""
+        with self.buffer._lock:
+            return self.buffer._core.sampler.draws_left(window.anchor_span)
+
+    def draw_round(
+        self,
+        count: int,
+        window: Window,
+        *,
+        prioritized: bool,
+        chunks: bool = False,
+        device: torch.device | str | None = None,
+    ) -> tuple[Batch | WindowBatch, torch.Tensor | None, int]:
+        """``count`` draws of ``window`` (or of chunks of ``window.length`` steps).
+
+        Returns the batch of the draws kept (no weights), their priorities (float64, for a
+        prioritized draw) and how many draws the reuse limit refused. The caller makes sure
+        the mass is positive (`log_mass`).
+        """
+        buffer = self.buffer
+        target = buffer._batch_device(device)
+        with buffer._lock:
+            core = buffer._core
+            anchors, refused = core.sampler.draw_round(
+                count,
+                window.anchor_span,
+                alpha=core.alpha(prioritized),
+                generator=core.generator,
+            )
+            core.chunks_sampled += count - refused
+            store = core.store
+            if chunks:
+                batch: Batch | WindowBatch = chunk_batch(
+                    store.ring, store.table, anchors, window.length, target
+                )
+            else:
+                batch = core.assemble(anchors, window, target)
+            store.reclaim_retired()
+        priorities = None if anchors.priorities is None else arrays.tensor(anchors.priorities)
+        return batch, priorities, refused
+
+    def update(self, ids: Any, errors: Any) -> tuple[int, float | None]:
+        """`update_priorities` of ids this shard issued; also the largest priority applied.
+
+        ``None`` when nothing was applied (every id evicted).
+        """
+        buffer = self.buffer
+        ids = as_vector("indices", ids, torch.int64, buffer.device)
+        values = as_vector("errors", errors, torch.float64, buffer.device)
+        if ids.shape != values.shape:
+            raise must("errors", f"as long as indices ({ids.numel()})", values.numel())
+        with buffer._lock:
+            stored = buffer._core.store.table.is_stored(ids)
+            applied = buffer.update_priorities(ids, values)
+            if not applied:
+                return 0, None
+            largest = float(values[stored].abs().max()) + buffer.epsilon
+            return applied, largest
+
+    def raise_max_priority(self, priority: float) -> None:
+        """Raise the maximum priority (what new episodes get) to at least ``priority``."""
+        self.buffer._raise_max_priority(priority)
