@@ -4,14 +4,14 @@ The agent sees only the cart position and the pole angle; the velocities are hid
 feed-forward policy cannot balance the pole and an LSTM has to infer them from history.
 The recipe follows R2D2 (Kapturowski et al., 2019), scaled down to run on a laptop CPU:
 
-* actors step several environments in lock-step and store, per step, the observation, the
-  previous and the chosen action, the reward and the LSTM state (h, c) they *entered* that step
-  with;
+* an actor steps a gymnasium vector env and an ``EpisodeWriter`` turns its step stream into
+  whole episodes: per step the observation, the chosen action, the reward, and as extra
+  fields the previous action and the LSTM state (h, c) the actor *entered* that step with;
 * each finished episode goes into a ``PrioritizedSequenceReplay`` whole, with
   ``terminated=True`` only when the pole fell (not at the 500-step time limit);
 * the learner samples windows ``[burn-in | learning region | n bootstrap records]``, starts the
   LSTM from the stored state, warms it up over the burn-in without gradients, and regresses
-  n-step double-Q targets computed with a Polyak-averaged target network;
+  n-step double-Q targets (``n_step_returns``) computed with a Polyak-averaged target network;
 * per-record TD errors become per-episode priorities (``eta * max + (1 - eta) * mean``), the
   importance weights correct for the prioritized draw, and beta is annealed to 1 over training;
 * the LSTM states the learner recomputes are written back into the replay, so later windows
@@ -19,9 +19,10 @@ The recipe follows R2D2 (Kapturowski et al., 2019), scaled down to run on a lapt
 * every ``eval_interval`` steps the greedy policy plays a few episodes, and the final
   evaluation uses the best weights seen (Q-learning on CartPole peaks, then drifts).
 
-Each episode is stored with one extra record at the end: the observation the environment
-returned after the last action (action 0, reward 0). It is what truncated episodes bootstrap
-from; for a terminated episode the replay flags it ``terminal`` and its value counts as zero.
+The writer stores each episode with one extra record at the end: the observation the
+environment returned after the last action (action, reward and extra fields 0). It is what
+truncated episodes bootstrap from; for a terminated episode the replay flags it ``terminal``
+and its value counts as zero. The lines that touch the replay are marked ``# REPLAY:``.
 
 Run ``python examples/r2d2_cartpole.py --help`` for the settings.
 """
@@ -46,7 +47,13 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from lucid_replay import Episode, PrioritizedSequenceReplay, Window, WindowBatch
+from lucid_replay import (
+    EpisodeWriter,
+    PrioritizedSequenceReplay,
+    Window,
+    WindowBatch,
+    n_step_returns,
+)
 
 
 def setting(default: Any, help: str) -> Any:
@@ -132,11 +139,9 @@ class HideVelocities(gym.ObservationWrapper):
         return (observation[self.KEEP] / self.SCALE).astype(np.float32)
 
 
-def make_envs(n: int, seed: int) -> list[gym.Env]:
-    envs = [HideVelocities(gym.make("CartPole-v1")) for _ in range(n)]
-    for i, env in enumerate(envs):
-        env.action_space.seed(seed + i)
-    return envs
+def make_envs(n: int) -> gym.vector.SyncVectorEnv:
+    """``n`` partially observable CartPoles, reset automatically on the step after an end."""
+    return gym.vector.SyncVectorEnv([lambda: HideVelocities(gym.make("CartPole-v1"))] * n)
 
 
 # ----------------------------------------------------------------------------- network
@@ -181,7 +186,7 @@ class RecurrentQNetwork(nn.Module):
         """
         stored = batch["h"], batch["c"]
         h, c = stored[0][:, 0], stored[1][:, 0]
-        xs = self.encode(batch["obs"], batch["prev_action"])
+        xs = self.encode(batch["observation"], previous_actions(batch))
         outputs, entering_h, entering_c = [], [], []
         for k in range(batch.window_size):
             with torch.set_grad_enabled(torch.is_grad_enabled() and k >= burn_in):
@@ -199,98 +204,74 @@ class RecurrentQNetwork(nn.Module):
 # ----------------------------------------------------------------------------- acting
 
 
-class Actor:
-    """Steps ``num_envs`` environments with one batched network call and emits whole episodes."""
+def previous_actions(batch: WindowBatch) -> torch.Tensor:
+    """The action before each record ``[B, W]``: -1 at an episode's first step.
 
-    def __init__(self, envs: list[gym.Env], net: RecurrentQNetwork, seed: int) -> None:
-        self.envs, self.net = envs, net
+    Stored as the extra field ``prev_action``, except in the extra final record, whose extra
+    fields the writer sets to zero: where the record before is its episode's previous step,
+    its action is taken from there instead.
+    """
+    previous = batch["prev_action"].clone()
+    ids, valid = batch.record_episode_ids, batch.validity_mask
+    follows = (ids[:, 1:] == ids[:, :-1]) & valid[:, 1:] & valid[:, :-1]
+    follows &= batch.record_steps[:, 1:] == batch.record_steps[:, :-1] + 1
+    previous[:, 1:] = torch.where(follows, batch["action"][:, :-1], previous[:, 1:])
+    return previous
+
+
+class Actor:
+    """Steps a vector env with one batched network call; an `EpisodeWriter` stores episodes."""
+
+    def __init__(self, num_envs: int, net: RecurrentQNetwork, seed: int, buffer: Any) -> None:
+        self.envs, self.net = make_envs(num_envs), net
+        self.envs.action_space.seed(seed)
         self.device = next(net.parameters()).device
         self.rng = np.random.default_rng(seed)
-        self.obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
-        self.prev_action = np.full(len(envs), -1)
-        self.state = net.initial_state(len(envs), self.device)
-        self.trajectories: list[dict[str, list]] = [self._empty() for _ in envs]
-
-    @staticmethod
-    def _empty() -> dict[str, list]:
-        return {"obs": [], "prev_action": [], "action": [], "reward": [], "h": [], "c": []}
+        self.writer = EpisodeWriter(buffer, num_envs)  # REPLAY: stream -> whole episodes
+        self.obs, _ = self.envs.reset(seed=seed)
+        self.writer.reset(self.obs)  # REPLAY
+        self.prev_action = np.full(num_envs, -1)
+        self.state = net.initial_state(num_envs, self.device)
+        self.returns = np.zeros(num_envs)
+        # next_step autoreset: the step after an episode's end only resets that env
+        self.restarting = np.zeros(num_envs, dtype=bool)
 
     @torch.no_grad()
-    def step(self, epsilon: float) -> list[tuple[Episode, float]]:
-        """One step in every environment; returns the episodes that ended, with their returns."""
+    def step(self, epsilon: float) -> list[float]:
+        """One step in every environment; returns the returns of the episodes that ended."""
         obs = torch.as_tensor(self.obs, device=self.device)
         prev_action = torch.as_tensor(self.prev_action, device=self.device)
         h_in, c_in = (s.cpu().numpy() for s in self.state)
         q, self.state = self.net.step(obs, prev_action, self.state)
         actions = q.argmax(dim=1).cpu().numpy()
-        explore = self.rng.random(len(self.envs)) < epsilon
+        explore = self.rng.random(len(actions)) < epsilon
         actions[explore] = self.rng.integers(0, q.shape[1], explore.sum())
-        finished = []
-        for i, env in enumerate(self.envs):
-            next_obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
-            self._record(i, self.obs[i], self.prev_action[i], actions[i], reward, h_in[i], c_in[i])
-            self.prev_action[i] = actions[i]
-            if terminated or truncated:
-                finished.append(self._finish(i, next_obs, terminated))
-                next_obs, _ = env.reset()
-            self.obs[i] = next_obs
-        return finished
-
-    def _record(self, i: int, *values: Any) -> None:
-        for name, value in zip(self.trajectories[i], values, strict=True):
-            # Copies: the actor's arrays are overwritten in place on the next step.
-            self.trajectories[i][name].append(np.array(value))
-
-    def _finish(self, i: int, final_obs: np.ndarray, terminated: bool) -> tuple[Episode, float]:
-        # The extra record carries the final observation and the state that enters it, so the
-        # learner can bootstrap from it after a truncation.
-        h, c = (s[i].cpu().numpy() for s in self.state)
-        self._record(i, final_obs, self.prev_action[i], 0, 0.0, h, c)
-        trajectory = {name: np.stack(values) for name, values in self.trajectories[i].items()}
-        episode = Episode(
-            {
-                "obs": trajectory["obs"].astype(np.float32),
-                "prev_action": trajectory["prev_action"].astype(np.int64),
-                "action": trajectory["action"].astype(np.int64),
-                "reward": trajectory["reward"].astype(np.float32),
-                "h": trajectory["h"],
-                "c": trajectory["c"],
-            },
-            terminated=terminated,
+        self.obs, reward, terminated, truncated, _ = self.envs.step(actions)
+        # REPLAY: the writer keeps per env what the action was chosen from, and stores an
+        # episode (plus its final observation) when an env reports its end
+        self.writer.step(
+            actions,
+            reward.astype(np.float32),
+            terminated,
+            truncated,
+            self.obs,
+            prev_action=self.prev_action.copy(),
+            h=h_in,
+            c=c_in,
         )
-        self.trajectories[i] = self._empty()
-        self.prev_action[i] = -1
-        self.state[0][i] = 0.0  # the next episode starts from a fresh LSTM state
-        self.state[1][i] = 0.0
-        return episode, float(trajectory["reward"].sum())
+        self.returns += reward * ~self.restarting
+        ended = terminated | truncated
+        finished = self.returns[ended].tolist()
+        self.returns[ended] = 0.0
+        # An env that just reset starts its episode at the next step: fresh state there.
+        self.prev_action = np.where(self.restarting, -1, actions)
+        for s in self.state:
+            s[torch.as_tensor(self.restarting, device=self.device)] = 0.0
+        self.restarting = ended
+        return finished
 
 
 # ----------------------------------------------------------------------------- learning
-
-
-def n_step_targets(
-    batch: WindowBatch, q_next: torch.Tensor, first: int, length: int, n: int, gamma: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """n-step double-Q targets for the learning records ``first .. first + length - 1``.
-
-    ``q_next[b, k]`` is the target network's value of the online network's greedy action at
-    record k. A learning record k sums the rewards of the transitions that exist after it (a
-    record has a transition iff the next record is valid) and bootstraps from the last valid
-    record within k+1..k+n, unless that record is the terminal step of a terminated episode.
-    Also returns which learning records own a transition: the extra final record does not.
-    """
-    valid = batch.validity_mask
-    reward = batch["reward"]
-    alive = torch.ones_like(valid[:, first : first + length])
-    returns = torch.zeros_like(reward[:, first : first + length])
-    steps = torch.zeros_like(alive, dtype=torch.long)
-    for i in range(n):
-        alive = alive & valid[:, first + i + 1 : first + i + 1 + length]
-        returns = returns + gamma**i * alive * reward[:, first + i : first + i + length]
-        steps = steps + alive
-    at = torch.arange(first, first + length, device=steps.device) + steps
-    bootstrap = q_next.gather(1, at) * ~batch.terminal.gather(1, at)
-    return returns + gamma**steps * bootstrap, steps > 0
 
 
 class Learner:
@@ -306,18 +287,18 @@ class Learner:
         args = self.args
         if args.anneal_lr:  # Q-learning on CartPole oscillates; a shrinking step settles it
             self.optimizer.param_groups[0]["lr"] = args.lr * (1 - fraction)
+        # REPLAY: windows by priority, with importance weights, gathered onto the device
         batch = buffer.sample_windows(args.batch_size, window, device=args.device)
         q, entering = self.net.unroll(batch, args.burn_in)
         with torch.no_grad():
             q_target, _ = self.target.unroll(batch, args.burn_in)
             greedy = q.argmax(dim=2, keepdim=True)
             q_next = q_target.gather(2, greedy).squeeze(2)
-        learn = slice(args.burn_in, args.burn_in + args.learn_length)
-        targets, has_transition = n_step_targets(
-            batch, q_next, args.burn_in, args.learn_length, args.n_step, args.gamma
+        # REPLAY: n-step double-Q targets [B, W] and the learning records that own a transition
+        targets, mask = n_step_returns(
+            batch, batch["reward"], q_next, n=args.n_step, discount=args.gamma
         )
-        q_taken = q[:, learn].gather(2, batch["action"][:, learn, None]).squeeze(2)
-        mask = (batch.learning_mask & batch.validity_mask)[:, learn] & has_transition
+        q_taken = q.gather(2, batch["action"][..., None]).squeeze(2)
         td = torch.where(mask, targets - q_taken, torch.zeros_like(q_taken))
         loss = batch.weights[:, None] * F.smooth_l1_loss(q_taken, targets, reduction="none")
         loss = (loss * mask).sum() / mask.sum().clamp(min=1)
@@ -327,12 +308,9 @@ class Learner:
         nn.utils.clip_grad_norm_(self.net.parameters(), args.max_grad_norm)
         self.optimizer.step()
 
-        errors = torch.zeros_like(q[..., 0])
-        errors[:, learn] = td.detach().abs()
-        full_mask = torch.zeros_like(batch.validity_mask)  # records that have a TD error
-        full_mask[:, learn] = mask
-        buffer.update_priorities_from(batch, errors, eta=args.eta, mask=full_mask)
-        if args.write_back:
+        # REPLAY: per-record TD errors -> per-episode priorities (R2D2's eta mix)
+        buffer.update_priorities_from(batch, td.detach().abs(), eta=args.eta, mask=mask)
+        if args.write_back:  # REPLAY: refreshed LSTM states back into storage
             buffer.write_back(batch, "h", entering[0].detach())
             buffer.write_back(batch, "c", entering[1].detach())
         self.updates += 1
@@ -347,10 +325,10 @@ class Learner:
 
 @torch.no_grad()
 def evaluate(net: RecurrentQNetwork, episodes: int, seed: int) -> np.ndarray:
-    """Greedy returns of ``episodes`` episodes, run side by side."""
-    envs = make_envs(episodes, seed)
+    """Greedy returns of ``episodes`` episodes, run side by side (each env's first one)."""
+    envs = make_envs(episodes)
     device = next(net.parameters()).device
-    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+    obs, _ = envs.reset(seed=seed)
     state = net.initial_state(episodes, device)
     actions = torch.full((episodes,), -1, device=device)
     returns = np.zeros(episodes)
@@ -358,11 +336,10 @@ def evaluate(net: RecurrentQNetwork, episodes: int, seed: int) -> np.ndarray:
     while running.any():
         q, state = net.step(torch.as_tensor(obs, device=device), actions, state)
         actions = q.argmax(dim=1)
-        chosen = actions.cpu().numpy()
-        for i in np.flatnonzero(running):
-            obs[i], reward, terminated, truncated, _ = envs[i].step(int(chosen[i]))
-            returns[i] += reward
-            running[i] = not (terminated or truncated)
+        obs, reward, terminated, truncated, _ = envs.step(actions.cpu().numpy())
+        returns += reward * running
+        running &= ~(terminated | truncated)
+    envs.close()
     return returns
 
 
@@ -427,7 +404,7 @@ def train(
     greedy policy plays ``check_episodes`` episodes and the best weights so far are kept (model
     selection, on episode seeds that the final evaluation never uses).
     """
-    actor = Actor(make_envs(args.num_envs, args.seed), net, args.seed)
+    actor = Actor(args.num_envs, net, args.seed, buffer)
     learner = Learner(net, args)
     window = make_window(args)
     learning_starts = min(args.learning_starts, args.total_steps // 4)
@@ -441,13 +418,12 @@ def train(
         step = iteration * args.num_envs
         fraction = step / args.total_steps
         epsilon = epsilon_at(args, fraction)
-        for episode, episode_return in actor.step(epsilon):
-            buffer.add(episode)
+        for episode_return in actor.step(epsilon):
             curve.append((step, episode_return))
         progress.update(args.num_envs)
         if step < learning_starts or buffer.num_episodes == 0:
             continue
-        buffer.anneal_beta(fraction)
+        buffer.anneal_beta(fraction)  # REPLAY: beta -> 1 over training
         owed_updates += args.num_envs / args.steps_per_update
         while owed_updates >= 1:
             loss = learner.update(buffer, window, fraction)
@@ -478,11 +454,11 @@ def main() -> None:
     args = parse_args()
     torch.manual_seed(args.seed)  # numpy generators and environments get args.seed explicitly
     torch.set_num_threads(args.threads)
-    probe = make_envs(1, args.seed)[0]
+    probe = make_envs(1)
     net = RecurrentQNetwork(
-        probe.observation_space.shape[0], int(probe.action_space.n), args.hidden
+        probe.single_observation_space.shape[0], int(probe.single_action_space.n), args.hidden
     ).to(args.device)
-    # Storage stays on the CPU; sample_windows(device=...) gathers batches onto args.device.
+    # REPLAY: storage stays on the CPU; sample_windows(device=...) gathers onto args.device.
     buffer = PrioritizedSequenceReplay(
         args.capacity, alpha=args.alpha, beta=args.beta, seed=args.seed
     )

@@ -144,7 +144,7 @@ class Schema(Mapping[str, FieldSpec]):
         return hash(frozenset(self._fields.items()))
 
     def __repr__(self) -> str:
-        return f"Schema({self._fields!r})"
+        return repr(self._fields)  # reads as the plain mapping it compares equal to
 
     # ------------------------------------------------------------------------- checks
     def check_storable(self) -> None:

@@ -80,8 +80,10 @@ class Window:
         * ``"stop"``: the whole window shifts back by
           ``clamp(dilation * (length + bootstrap - 1) - (T - 1 - t), 0, t)`` steps, then what
           still overruns is padded;
-        * ``"include_reset"``: records continue into the neighbouring stored episodes (before
-          the start too), clamped and invalid only beyond the oldest or newest stored step.
+        * ``"include_reset"``: records continue into the previous or next *stored* episode
+          (storage order, not necessarily the same environment's stream when several
+          collectors add), clamped and invalid only beyond the oldest or newest stored
+          step; ``is_init`` marks each episode start inside the window.
     allow_partial
         ``False``: an anchor is eligible only if its learning region lies inside the episode
         (``t + dilation * (length - 1) <= T - 1``). ``True``: every stored step is an anchor
