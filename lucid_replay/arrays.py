@@ -121,6 +121,35 @@ def count_distinct(values: Array) -> int:
     return int((ordered[1:] != ordered[:-1]).sum()) + 1
 
 
+def full(shape: tuple[int, ...], value: float, dtype: torch.dtype, like: Array) -> Array:
+    """A new array of ``shape`` filled with ``value``, of ``like``'s engine and device."""
+    if isinstance(like, np.ndarray):
+        return np.full(shape, value, dtype=_NUMPY_DTYPES[dtype])
+    return torch.full(shape, value, dtype=dtype, device=like.device)
+
+
+def arange(count: int, like: Array) -> Array:
+    """``0 .. count - 1`` (int64) of ``like``'s engine and device."""
+    if isinstance(like, np.ndarray):
+        return np.arange(count, dtype=np.int64)
+    return torch.arange(count, device=like.device)
+
+
+def clip_rows_(values: Array, low: int, high: Array) -> None:
+    """Clamp each row of the 2-d ``values`` into ``[low, high[row]]``, in place."""
+    if isinstance(values, np.ndarray):
+        np.clip(values, low, high[:, None], out=values)
+    else:
+        torch.clamp(values, min=torch.full_like(high, low)[:, None], max=high[:, None], out=values)
+
+
+def repeat_columns(values: Array, count: int) -> Array:
+    """``[n, count]``: the 1-d ``values`` repeated along a new last axis (owned memory)."""
+    if isinstance(values, np.ndarray):
+        return np.repeat(values[:, None], count, axis=1)
+    return values[:, None].expand(values.shape[0], count).contiguous()
+
+
 def from_ints(values: list[int], device: torch.device) -> Array:
     """An int64 vector of ``values``, as the engine of ``device`` holds it."""
     if numpy_on_cpu and device.type == "cpu":

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import torch
 
+from lucid_replay import arrays
+from lucid_replay.arrays import Array
 from lucid_replay.sampling import Anchors
 from lucid_replay.storage import TransitionRing
 from lucid_replay.table import EpisodeTable
@@ -40,10 +42,14 @@ def chunk_batch(
     With ``anchors.weights`` (a prioritized draw) the result is a `PrioritizedBatch`.
     """
     first = table.start[anchors.rows] + anchors.steps
-    offsets = first.unsqueeze(1) + layout(Window(length), ring.device).record
+    record = layout(Window(length), ring.device).record
+
+    def offsets_at(positions: Array | None) -> Array:  # only across the ring's seam
+        every = arrays.engine(first.unsqueeze(1) + record)
+        return every if positions is None else every.reshape(-1)[positions]
 
     def read(out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        return ring.gather_runs(first, length, 1, offsets, None, table.oldest_offset, out)
+        return ring.gather_runs(first, length, 1, offsets_at, None, table.oldest_offset, out)
 
     data = gather(ring, (int(first.shape[0]), length), target, read)
     episode_ids, starts = anchors.episode_ids.to(target), anchors.steps.to(target)
@@ -73,8 +79,8 @@ def window_batch(
             records.first_offsets,
             window.size,
             window.dilation,
-            records.offsets,
-            records.valid,  # exactly the records that were not clamped
+            records.offsets_at,
+            records.valid if records.clamped else None,  # the records that were not clamped
             table.oldest_offset,
             out,
         )

@@ -7,7 +7,7 @@ offset lives in ring slot ``offset % capacity``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -135,7 +135,7 @@ class TransitionRing:
         first_offsets: torch.Tensor,
         size: int,
         stride: int,
-        offsets: torch.Tensor,
+        offsets_at: Callable[[Array | None], Array],
         exact: torch.Tensor | None,
         oldest_offset: int,
         out: Mapping[str, torch.Tensor] | None = None,
@@ -143,8 +143,10 @@ class TransitionRing:
         """Gather ``B`` runs of ``size`` records (``[B, size, *field_shape]``).
 
         Run ``b`` holds the transitions at offsets ``first_offsets[b] + stride * k``, except the
-        records where ``exact`` is False, which hold ``offsets[b, k]`` instead (clamped
-        records; ``exact=None`` means none are).
+        records where ``exact`` is False, which hold other offsets (clamped records;
+        ``exact=None`` means none are). ``offsets_at(positions)`` gives the offsets of the
+        records at flat positions ``b * size + k`` (all of them, ``[B, size]``, for ``None``),
+        so that they are computed only for the records that need them.
 
         Each run is read as one block through a strided view of the ring, which copies about
         30% faster than gathering its records one by one, and the inexact records are then
@@ -154,11 +156,14 @@ class TransitionRing:
         """
         span = 1 + stride * (size - 1)
         firsts = arrays.engine(first_offsets) % self.capacity  # raw offsets may be negative
+        every = None
         if span > self.capacity or not bool((firsts <= self.capacity - span).all()):
-            return self.gather(self.slots(offsets, oldest_offset), out)
+            every = offsets_at(None)
         where = None if exact is None else arrays.flat_nonzero(~arrays.engine(exact))
         if where is not None and where.shape[0] * 4 > first_offsets.shape[0] * size:
-            return self.gather(self.slots(offsets, oldest_offset), out)
+            every = offsets_at(None)
+        if every is not None:
+            return self.gather(arrays.tensor(self.slots(every, oldest_offset)), out)
         result = {}
         for name, store in self.fields.items():
             rest = store.shape[1:]
@@ -169,8 +174,7 @@ class TransitionRing:
             target = None if out is None else out[name]
             result[name] = torch.index_select(runs, 0, arrays.tensor(firsts), out=target)
         if where is not None and where.shape[0]:
-            repaired = arrays.engine(offsets).reshape(-1)[where]
-            slots = arrays.tensor(self.slots(repaired, oldest_offset))
+            slots = arrays.tensor(self.slots(offsets_at(where), oldest_offset))
             records = arrays.tensor(where)
             for name, store in self.fields.items():
                 flat = result[name].view(-1, *store.shape[1:])

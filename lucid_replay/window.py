@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from lucid_replay import arrays
+from lucid_replay.arrays import Array
 from lucid_replay.checks import check_int
 from lucid_replay.errors import must, wrong_type
 from lucid_replay.sampling import Anchors
@@ -146,9 +147,13 @@ def check_window(window: object) -> None:
 
 @attrs.frozen(eq=False)
 class Records:
-    """Where each record of ``B`` windows of ``W`` records lands (all ``[B, W]``)."""
+    """Where each record of ``B`` windows of ``W`` records lands (all ``[B, W]``).
 
-    offsets: torch.Tensor  # global transition offsets (see `TransitionRing.slots`)
+    Record offsets (see `TransitionRing.slots`) are ``starts[b] + steps[b, k]`` within one
+    episode; ``include_reset`` windows, which cross episodes, carry them in ``offsets``.
+    ``clamped`` says whether any record is invalid (else the gather needs no repair).
+    """
+
     # [B]: where record 0 would be without clamping; record k then at + k * dilation
     first_offsets: torch.Tensor
     episode_ids: torch.Tensor
@@ -156,6 +161,19 @@ class Records:
     valid: torch.Tensor
     is_init: torch.Tensor
     terminal: torch.Tensor
+    clamped: bool
+    starts: Array = None  # [B] offsets of the episodes' step 0 (one episode per window)
+    offsets: Array = None  # [B, W] (across episodes)
+
+    def offsets_at(self, positions: Array | None) -> Array:
+        """Offsets of the records at flat ``positions`` (all, ``[B, W]``, for ``None``)."""
+        if self.offsets is not None:
+            every = arrays.engine(self.offsets)
+            return every if positions is None else every.reshape(-1)[positions]
+        steps = arrays.engine(self.steps)
+        if positions is None:
+            return self.starts[:, None] + steps
+        return self.starts[positions // steps.shape[1]] + steps.reshape(-1)[positions]
 
 
 class Layout(NamedTuple):
@@ -201,26 +219,43 @@ def expand(table: EpisodeTable, anchors: Anchors, window: Window) -> Records:
     at_last = (window.burn_in - (anchor - last) // window.dilation) * (last > 0)
     at_last = at_last + window.size * ~column["terminated"][where]  # never if not terminated
     starts = column["start"][where]
-    first_offset = starts + anchor - window.burn_in * window.dilation
-    record, step_offset, _ = layout(window, episode_ids.device)
-    target = arrays.tensor(anchor).unsqueeze(1) + step_offset
+    cached = layout(window, episode_ids.device)
     if window.boundary == "include_reset":
         return _across_episodes(
             table,
             episode_ids,
             arrays.tensor(starts).unsqueeze(1),
             arrays.tensor(last).unsqueeze(1),
-            target,
+            arrays.tensor(anchor).unsqueeze(1) + cached.step_offset,
         )
-    steps = torch.minimum(target.clamp_min(0), arrays.tensor(last).unsqueeze(1))
+    record, step_offset = arrays.engine(cached.record), arrays.engine(cached.step_offset)
+    steps = anchor[:, None] + step_offset  # the target steps; clamped below where needed
+    first_step = anchor - window.burn_in * window.dilation  # record 0's target
+    # Most windows lie inside their episode: only the rows of the others clamp and compare.
+    out_of_episode = (first_step < 0) | (first_step + window.dilation * (window.size - 1) > last)
+    valid = arrays.full(tuple(steps.shape), True, torch.bool, steps)
+    clamped = bool(out_of_episode.any())
+    if clamped:
+        arrays.clip_rows_(steps, 0, last)
+        rows = arrays.flat_nonzero(out_of_episode)
+        last_valid = window.burn_in + (last - anchor) // window.dilation  # its record index
+        valid[rows] = (record >= first_valid[rows, None]) & (record <= last_valid[rows, None])
+    # is_init: the first valid record only (one episode); terminal: a suffix of some rows.
+    is_init = arrays.full(tuple(steps.shape), False, torch.bool, steps)
+    is_init[arrays.arange(steps.shape[0], steps), first_valid] = True
+    terminal = arrays.full(tuple(steps.shape), False, torch.bool, steps)
+    ending = arrays.flat_nonzero(at_last < window.size)
+    if ending.shape[0]:
+        terminal[ending] = record >= at_last[ending, None]
     return Records(
-        offsets=arrays.tensor(starts).unsqueeze(1) + steps,
-        first_offsets=arrays.tensor(first_offset),
-        episode_ids=episode_ids.unsqueeze(1).expand_as(target).contiguous(),  # owned memory
-        steps=steps,
-        valid=steps == target,  # nothing was clamped
-        is_init=record == arrays.tensor(first_valid).unsqueeze(1),
-        terminal=record >= arrays.tensor(at_last).unsqueeze(1),
+        first_offsets=arrays.tensor(starts + first_step),
+        episode_ids=arrays.tensor(arrays.repeat_columns(arrays.engine(episode_ids), window.size)),
+        steps=arrays.tensor(steps),
+        valid=arrays.tensor(valid),
+        is_init=arrays.tensor(is_init),
+        terminal=arrays.tensor(terminal),
+        clamped=clamped,
+        starts=starts,
     )
 
 
@@ -244,5 +279,13 @@ def _across_episodes(
     first_valid = valid & (valid.cumsum(dim=1) == 1)
     is_init = first_valid | (valid & (steps == 0))
     terminal = table.terminated[record_rows] & (steps == table.length[record_rows] - 1)
-    first_offsets = wanted[:, 0]
-    return Records(offsets, first_offsets, record_ids, steps, valid, is_init, terminal)
+    return Records(
+        first_offsets=wanted[:, 0],
+        episode_ids=record_ids,
+        steps=steps,
+        valid=valid,
+        is_init=is_init,
+        terminal=terminal,
+        clamped=True,  # records of other episodes are read one by one
+        offsets=offsets,
+    )

@@ -399,7 +399,11 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
     # Clamp into the stored range like a boundary policy would; clamped records are inexact.
     offsets = wanted.clamp(oldest, oldest + capacity - 1)
     exact = offsets == wanted
-    got = ring.gather_runs(firsts, size, stride, offsets, exact, oldest)
+
+    def offsets_at(positions):
+        return offsets if positions is None else offsets.reshape(-1)[positions]
+
+    got = ring.gather_runs(firsts, size, stride, offsets_at, exact, oldest)
     expected = ring.gather(ring.slots(offsets, oldest))
     for name in ("x", "flag"):
         assert torch.equal(got[name], expected[name])
