@@ -73,12 +73,14 @@ def sampling_rows(
     timings = measure_rounds(calls, reps=config.reps, warmup=config.warmup)
     records = f"{config.batch}x{config.window_size} records"
     extra: dict[str, object] = {"bytes": floor.gathered_bytes, "storage_bytes": floor.storage_bytes}
-    if buffer is not None:
-        extra["buffer_data_bytes"] = buffer.memory_usage()["data_bytes"]
     note = (
         f"{floor.gathered_bytes / 1e6:.2f} MB gathered ({len(floor.storage)} fields) from "
         f"{floor.storage_bytes / 1e6:.0f} MB"
     )
+    if buffer is not None:
+        extra["buffer_data_bytes"] = data_bytes = buffer.memory_usage()["data_bytes"]
+        if data_bytes != floor.storage_bytes:
+            note += f" (the buffer's storage holds {data_bytes / 1e6:.0f} MB)"
     rows = [
         Row.timed(
             "floor",
