@@ -9,6 +9,7 @@ import torch
 
 from benchmarks.config import Config
 from benchmarks.data import Dataset, cycled_episode, record_bytes
+from benchmarks.floor import GatherFloor
 from benchmarks.rows import Row, available_bytes
 from benchmarks.timing import Timing, measure, measure_rounds
 from lucid_replay import Episode, PrioritizedSequenceReplay, Window
@@ -49,59 +50,51 @@ def add_episode(config: Config, dataset: Dataset) -> Episode:
     return Episode({k: v.clone() for k, v in steps.items()})
 
 
-def floor_call(config: Config, dataset: Dataset) -> Callable[[], object]:
-    """One ``index_select`` per field of ``B x W`` records from preallocated flat tensors.
-
-    Each call gathers a fresh set of random windows (64 index sets prepared beforehand and
-    cycled), so the floor reads cold memory as a sampler does rather than re-reading 7.6 MB
-    that the previous call left in cache.
-    """
-    generator = torch.Generator().manual_seed(config.seed + 7)
-    span = 1 + config.dilation * (config.window_size - 1)
-    record = torch.arange(config.window_size) * config.dilation
-    indices = [
-        (
-            torch.randint(0, dataset.num_transitions - span, (config.batch, 1), generator=generator)
-            + record
-        ).reshape(-1)
-        for _ in range(64)
-    ]
-    fields = dataset.fields
-    calls = itertools.count()
-
-    def gather() -> dict[str, torch.Tensor]:
-        index = indices[next(calls) % len(indices)]
-        return {k: v.index_select(0, index) for k, v in fields.items()}
-
-    return gather
-
-
 def sampling_rows(
-    config: Config, dataset: Dataset, buffer: PrioritizedSequenceReplay | None
+    config: Config, floor: GatherFloor, buffer: PrioritizedSequenceReplay | None
 ) -> list[Row]:
-    """The gather floor and, given a buffer, lucid_replay's ``sample_windows`` rows.
+    """The gather floor (both variants) and, given a buffer, lucid_replay's sampling rows.
 
-    The floor and the two sample-only rows are timed in rounds (`measure_rounds`), so their
-    ratios compare calls made under the same load. Sample + update runs on its own
-    afterwards: its priority updates would make the next prioritized draw refresh its tree.
+    The floor, its preallocated variant and the two sample-only rows are timed in rounds
+    (`measure_rounds`), so their ratios compare calls made under the same load. Sample +
+    update runs on its own afterwards: its priority updates would make the next prioritized
+    draw refresh its tree.
     """
     window = reference_window(config)
     errors = window_errors(config)
     batch = config.batch
-    calls: dict[str, Callable[[], object]] = {"floor": floor_call(config, dataset)}
+    calls: dict[str, Callable[[], object]] = {
+        "floor": floor,
+        "floor.out": floor.into_preallocated(),
+    }
     if buffer is not None:
         calls["lucid.uniform"] = lambda: buffer.sample_windows(batch, window, prioritized=False)
         calls["lucid.prioritized"] = lambda: buffer.sample_windows(batch, window)
     timings = measure_rounds(calls, reps=config.reps, warmup=config.warmup)
-    moved = config.batch * config.window_size * record_bytes(dataset.fields)
+    records = f"{config.batch}x{config.window_size} records"
+    extra: dict[str, object] = {"bytes": floor.gathered_bytes, "storage_bytes": floor.storage_bytes}
+    note = (
+        f"{floor.gathered_bytes / 1e6:.2f} MB gathered ({len(floor.storage)} fields) from "
+        f"{floor.storage_bytes / 1e6:.0f} MB"
+    )
+    if buffer is not None:
+        extra["buffer_data_bytes"] = data_bytes = buffer.memory_usage()["data_bytes"]
+        if data_bytes != floor.storage_bytes:
+            note += f" (the buffer's storage holds {data_bytes / 1e6:.0f} MB)"
     rows = [
         Row.timed(
             "floor",
-            f"gather floor: index_select of {config.batch}x{config.window_size} records",
+            f"gather floor: index_select of {records}, outputs allocated per call",
             timings["floor"],
-            note=f"{moved / 1e6:.2f} MB gathered ({len(dataset.fields)} fields)",
-            extra={"bytes": moved},
-        )
+            note=note,
+            extra=extra,
+        ),
+        Row.timed(
+            "floor.out",
+            f"gather floor, preallocated outputs (index_select out=) of {records}",
+            timings["floor.out"],
+            note=note,
+        ),
     ]
     if buffer is None:
         return rows
@@ -158,7 +151,7 @@ def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
     whole ring ago, as it is for ``add``. The cache-hot copy (the same 69 kB source and
     destination every call) and the field-by-field copy are shown for reference.
     """
-    common = {"reps": max(config.reps, 50), "warmup": config.warmup}
+    reps, warmup = max(config.reps, 50), config.warmup
     nbytes = sum(t.numel() * t.element_size() for t in episode.steps.values())
     source = torch.empty(nbytes, dtype=torch.uint8)
     target = torch.empty(nbytes, dtype=torch.uint8)
@@ -183,68 +176,70 @@ def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
         Row.timed(
             "add.lucid",
             f"lucid_replay add ({config.add_len}-step episode, full buffer)",
-            measure(lambda: buffer.add(episode), **common),
+            measure(lambda: buffer.add(episode), reps=reps, warmup=warmup),
             group="add",
         ),
         Row.timed(
             "add.memcpy",
             f"memcpy of its {nbytes / 1e3:.1f} kB into the next slots of a "
             f"{ring.numel() / 1e6:.0f} MB ring (one contiguous copy_)",
-            measure(memcpy_ring, **common),
+            measure(memcpy_ring, reps=reps, warmup=warmup),
             group="add",
             extra={"bytes": nbytes, "ring_bytes": ring.numel()},
         ),
         Row.timed(
             "add.memcpy_hot",
             f"memcpy of the same bytes into the same cache-hot {nbytes / 1e3:.0f} kB every call",
-            measure(memcpy_hot, **common),
+            measure(memcpy_hot, reps=reps, warmup=warmup),
             group="add",
         ),
         Row.timed(
             "add.copy_fields",
             f"copy of its bytes field by field ({fields} copy_, cache-hot)",
-            measure(per_field, **common),
+            measure(per_field, reps=reps, warmup=warmup),
             group="add",
         ),
     ]
 
 
-def memory_rows(config: Config, buffer: PrioritizedSequenceReplay) -> list[Row]:
-    """Bytes beyond the user's data, read off the buffer's own tensors."""
-    table = buffer._core.store.table
-    table_bytes = sum(t.numel() * t.element_size() for t in table.columns.values())
-    tree_bytes = buffer._core.sampler.tree_bytes()
-    ring = buffer._core.store.ring.fields
-    ring_bytes = sum(t.numel() * t.element_size() for t in ring.values())
-    user_bytes = buffer.capacity * sum(t[0].numel() * t.element_size() for t in ring.values())
-    episodes = buffer.num_episodes
-    per_row = table_bytes / table.row_count
-    trees = len(buffer._core.sampler._trees)
+def metadata_bytes(buffer: PrioritizedSequenceReplay) -> int:
+    """Bytes beyond the user's data: the episode table and the cached sum trees."""
+    usage = buffer.memory_usage()
+    return usage["table_bytes"] + usage["tree_bytes"]
+
+
+def memory_rows(config: Config, buffer: PrioritizedSequenceReplay, dataset: Dataset) -> list[Row]:
+    """Bytes beyond the user's data, from ``memory_usage()`` and ``stats()``."""
+    usage = buffer.memory_usage()
+    episodes = buffer.stats()["episodes_stored"]
+    per_episode = metadata_bytes(buffer) / episodes
+    user_bytes = buffer.capacity * record_bytes(dataset.fields)
+    per_transition = (usage["data_bytes"] - user_bytes) / buffer.capacity
     return [
         Row(
             "memory.lucid.episode",
-            "lucid_replay metadata per stored episode (table + sum trees)",
+            "lucid_replay metadata per stored episode (episode table + sum trees)",
             "memory",
             extra={
-                "bytes_per_episode": (table_bytes + tree_bytes) / episodes,
-                "table_bytes_per_row": per_row,
-                "tree_bytes_per_row": tree_bytes / table.row_count,
-                "trees": trees,
-                "rows_allocated": table.row_count,
+                "bytes_per_episode": per_episode,
+                "table_bytes": usage["table_bytes"],
+                "tree_bytes": usage["tree_bytes"],
                 "episodes": episodes,
             },
             note=(
-                f"{(table_bytes + tree_bytes) / episodes:.0f} B/episode: table "
-                f"{per_row:.0f} B/row, {trees} sum tree(s) of 16 B/row; "
-                f"{table.row_count} rows for {episodes} episodes (power-of-two growth)"
+                f"{per_episode:.0f} B/episode: table {usage['table_bytes']:,} B + trees "
+                f"{usage['tree_bytes']:,} B for {episodes:,} episodes (rows grow by powers of two)"
             ),
         ),
         Row(
             "memory.lucid.transition",
             "lucid_replay bytes per transition beyond the user's data",
             "memory",
-            extra={"bytes_per_transition": (ring_bytes - user_bytes) / buffer.capacity},
-            note=f"{(ring_bytes - user_bytes) / buffer.capacity:.0f} B/transition",
+            extra={"bytes_per_transition": per_transition},
+            note=(
+                f"{per_transition:.0f} B/transition (data_bytes {usage['data_bytes']:,} B for "
+                f"{buffer.capacity:,} transitions of {record_bytes(dataset.fields)} B)"
+            ),
         ),
     ]
 
@@ -270,26 +265,40 @@ def fits(config: Config, transitions: int, copies: float = 1.5) -> bool:
 
 
 def device_rows(config: Config, dataset: Dataset, device: str) -> list[Row]:
-    """lucid_replay with storage on ``device`` (e.g. CUDA), once; "not measured" without one."""
-    label = f"lucid_replay on {device}: prioritized sample_windows + update_priorities_from"
+    """The floor and lucid_replay with storage on ``device`` (e.g. CUDA), synchronised per
+    call; "not measured" rows without one."""
+    name = "a GPU" if device == "cpu" else device
+    labels = {
+        "device.floor": f"gather floor on {name}: index_select, outputs allocated per call",
+        "device": f"lucid_replay on {name}: prioritized sample_windows + update_priorities_from",
+    }
+    reason = ""
     if device == "cpu":
-        return [Row.not_measured("device", label, "run with --device cuda", group="device")]
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        return [Row.not_measured("device", label, "no GPU on this machine", group="device")]
+        reason = "run with --device cuda"
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        reason = "no GPU on this machine"
+    if reason:
+        return [Row.not_measured(k, v, reason, group="device") for k, v in labels.items()]
     buffer = build(config, dataset, device=device)
+    floor = GatherFloor(config, dataset.fields, config.transitions, device=device)
     window = reference_window(config)
     errors = window_errors(config).to(device)
+
+    cuda = torch.device(device).type == "cuda"
+
+    def synchronised(call: Callable[[], object]) -> Callable[[], object]:
+        def timed() -> None:
+            call()
+            if cuda:
+                torch.cuda.synchronize()
+
+        return timed
 
     def step() -> None:
         drawn = buffer.sample_windows(config.batch, window)
         buffer.update_priorities_from(drawn, errors)
-        torch.cuda.synchronize()
 
-    row = Row.timed(
-        "device",
-        label,
-        measure(step, reps=config.reps, warmup=config.warmup),
-        group="device",
-        note="storage on the device, synchronised per call",
-    )
-    return [row]
+    calls = {"device.floor": synchronised(floor), "device": synchronised(step)}
+    timings = measure_rounds(calls, reps=config.reps, warmup=config.warmup)
+    note = "storage on the device, synchronised per call"
+    return [Row.timed(key, labels[key], timings[key], group="device", note=note) for key in calls]

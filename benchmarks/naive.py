@@ -6,12 +6,22 @@ recomputing the episodes' masses and their cumulative sum with numpy (O(E) per s
 gathering each window with its own indexing ops. Nothing here is deliberately slowed down;
 it is simply what one writes first, and it is correct (same anchor / window / weight
 semantics as lucid_replay with ``boundary="pad"``).
+
+Below the class: its rows on the reference configuration, and the helpers the scaling rows
+use to build and time it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
+
+from benchmarks.config import Config
+from benchmarks.data import Dataset, cycled_episode
+from benchmarks.rows import Row
+from benchmarks.timing import Timing, measure
 
 
 class NaiveSequenceReplay:
@@ -115,3 +125,72 @@ class NaiveSequenceReplay:
             self.priorities[position] = priority
             self.max_priority = max(self.max_priority, priority)
         return len(updated)
+
+
+def build(
+    config: Config, capacity: int, lengths: Callable[[int], int], count: int, source: Dataset
+) -> NaiveSequenceReplay:
+    """``count`` episodes of ``lengths(i)`` steps cut from ``source`` (as the scaling rows')."""
+    naive = NaiveSequenceReplay(capacity, alpha=config.alpha, beta=config.beta, seed=config.seed)
+    offset = 0
+    for index in range(count):
+        naive.add(cycled_episode(source, offset, lengths(index), terminated=bool(index % 2)))
+        offset += lengths(index)
+    return naive
+
+
+def time_sample(
+    config: Config,
+    naive: NaiveSequenceReplay,
+    errors: torch.Tensor | None,
+    *,
+    allow_partial: bool,
+) -> Timing:
+    """A prioritized draw of the reference windows, followed by an update given ``errors``."""
+
+    def step() -> object:
+        drawn = naive.sample_windows(
+            config.batch,
+            config.burn_in,
+            config.length,
+            config.bootstrap,
+            allow_partial=allow_partial,
+        )
+        return drawn if errors is None else naive.update_priorities_from(drawn, errors)
+
+    return measure(step, reps=config.reps, warmup=config.warmup)
+
+
+def naive_rows(
+    config: Config, dataset: Dataset, errors: torch.Tensor, episode: dict[str, torch.Tensor]
+) -> list[Row]:
+    """The naive buffer on the reference configuration: sample, sample + update, loop."""
+    naive = NaiveSequenceReplay(
+        config.transitions, alpha=config.alpha, beta=config.beta, seed=config.seed
+    )
+    for index in range(len(dataset.lengths)):
+        naive.add(dataset.episode(index)[0])
+
+    def loop() -> object:
+        naive.add(episode)
+        drawn = naive.sample_windows(config.batch, config.burn_in, config.length, config.bootstrap)
+        return naive.update_priorities_from(drawn, errors)
+
+    reps, warmup = config.reps, config.warmup
+    return [
+        Row.timed(
+            "naive.prioritized",
+            "naive prioritized sample",
+            time_sample(config, naive, None, allow_partial=False),
+        ),
+        Row.timed(
+            "naive.prioritized_update",
+            "naive prioritized sample + update",
+            time_sample(config, naive, errors, allow_partial=False),
+        ),
+        Row.timed(
+            "naive.loop",
+            f"naive loop: add {config.add_len}-step episode + sample + update",
+            measure(loop, reps=reps, warmup=warmup),
+        ),
+    ]

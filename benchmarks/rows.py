@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.timing import Timing
+
+# Which rows a run measures: a predicate on row ids (``--only`` prefixes).
+Only = Callable[[str], bool]
 
 
 @dataclasses.dataclass
@@ -17,16 +21,24 @@ class Row:
     min_ms: float | None = None
     median_ms: float | None = None
     reps: int = 0
-    ratio: float | None = None
+    faults_per_call: float | None = None  # minor page faults per timed call
+    ratio: float | None = None  # filled by bars.evaluate
     ratio_note: str = ""
-    bar: str = ""
-    holds: bool | None = None
     note: str = ""
     measured: bool = True
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def timed(cls, id: str, label: str, timing: Timing, *, group: str = "main", **kw: Any) -> Row:
+    def timed(
+        cls,
+        id: str,
+        label: str,
+        timing: Timing,
+        *,
+        group: str = "main",
+        note: str = "",
+        extra: dict[str, Any] | None = None,
+    ) -> Row:
         return cls(
             id,
             label,
@@ -34,7 +46,9 @@ class Row:
             min_ms=timing.min_ms,
             median_ms=timing.median_ms,
             reps=len(timing.samples_s),
-            **kw,
+            faults_per_call=timing.faults_per_call,
+            note=note,
+            extra={} if extra is None else extra,
         )
 
     @classmethod
@@ -42,16 +56,8 @@ class Row:
         return cls(id, label, group, note=f"not measured: {reason}", measured=False)
 
 
-def rss_bytes() -> int:
-    """Resident set size of this process (Linux)."""
-    with open("/proc/self/statm") as file:
-        pages = int(file.read().split()[1])
-    import os
-
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
 def available_bytes() -> int:
+    """Memory the kernel could give this process now (``MemAvailable``, Linux)."""
     with open("/proc/meminfo") as file:
         for line in file:
             if line.startswith("MemAvailable:"):

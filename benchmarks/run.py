@@ -1,142 +1,127 @@
-"""Run the benchmark suite: ``python -m benchmarks.run [--quick] [--device cuda] [--only ...]``.
+"""Run the benchmark suite: ``python -m benchmarks.run [--quick] [--threads 1,default] ...``.
 
-Every row is measured in this one process, on this machine: min and median of ``--reps``
-timed calls after warm-up. Writes ``benchmarks/results/results.json`` (or ``quick.json``),
-a PNG plot next to it, and prints the markdown tables.
+Each pass measures every row in one fresh process: a stock user process, with glibc's
+malloc untouched and one torch thread count (``1``, or ``default``: torch's own count, not
+set). By default there are two passes, ``--threads 1,default``; ``--tuned-malloc`` adds the
+same passes with a tuned allocator, reported beside them. Rows report min and median of
+``--reps`` timed calls after warm-up, and minor page faults per call. The passes are merged
+into ``benchmarks/results/results.json`` (``quick.json`` with ``--quick``) and a plot next to
+it, and the report is printed as markdown (``--page`` also writes it into the page).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
-import datetime
 import os
-import platform
 import shlex
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from benchmarks import lucid_rows, naive_rows, report, scaling, torchrl_rows
+from benchmarks import environment, lucid_rows, naive, report, results_file, scaling, torchrl_rows
+from benchmarks.bars import evaluate
 from benchmarks.config import QUICK, REFERENCE, Config
 from benchmarks.data import cycled_episode, reference_dataset
+from benchmarks.floor import GatherFloor
+from benchmarks.results_file import Pass
 from benchmarks.rows import Row, release
 from benchmarks.timing import measure
 
 GROUPS = ("floor", "lucid", "naive", "torchrl", "add", "memory", "scale.T", "scale.E", "device")
+DEFAULT = "default"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _threads(text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    for item in items:
+        if item != DEFAULT and not (item.isdigit() and int(item) >= 1):
+            raise argparse.ArgumentTypeError(f"thread counts are positive ints or {DEFAULT!r}")
+    if not items:
+        raise argparse.ArgumentTypeError("give at least one thread count")
+    return items
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
-    parser.add_argument(
-        "--quick", action="store_true", help="small config (< 60 s), for development"
-    )
-    parser.add_argument(
-        "--device",
-        default="cpu",
-        help="also measure lucid_replay with storage on this device (e.g. cuda)",
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--quick", action="store_true", help="small config (about 15 s a pass), for development")
+    add("--device", default="cpu", help="also measure with storage on this device (e.g. cuda)")
+    add(
         "--reps",
         type=int,
         default=None,
-        help="timed repetitions per row (>= 20 for the reference run)",
+        help="timed repetitions per row (>= 20 for a reference run)",
     )
-    parser.add_argument(
-        "--only",
-        default="",
-        help=f"comma-separated row prefixes among {', '.join(GROUPS)} (default: all)",
-    )
-    parser.add_argument(
+    add("--only", default="", help=f"comma-separated row prefixes among {', '.join(GROUPS)}")
+    add(
         "--threads",
-        type=int,
-        default=None,
-        help="torch.set_num_threads(N) before measuring (default: leave torch's default)",
+        type=_threads,
+        default=["1", DEFAULT],
+        help=f"comma-separated torch thread counts, one pass each; {DEFAULT!r} is torch's own "
+        "count (default: 1,default)",
     )
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results", help="results folder"
-    )
-    parser.add_argument(
-        "--glibc-malloc-defaults",
+    add(
+        "--tuned-malloc",
         action="store_true",
-        help="keep glibc's malloc thresholds (see steady_malloc): every row that allocates "
-        "multi-MB outputs then pays page faults on a random share of its calls",
+        help="also run every pass with glibc's mmap/trim thresholds fixed (reported beside)",
     )
-    return parser.parse_args(argv)
+    add("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
+    add(
+        "--page",
+        type=Path,
+        default=None,
+        help="write the report into this page's markers (full reference runs only)",
+    )
+    # Internal: run one pass in this process and write it to this JSON file.
+    add("--pass-json", type=Path, default=None, help=argparse.SUPPRESS)
+    add(
+        "--allocator",
+        choices=(environment.STOCK, environment.TUNED),
+        default=environment.STOCK,
+        help=argparse.SUPPRESS,
+    )
+    args = parser.parse_args(argv)
+    if args.page is not None and (args.quick or args.only):
+        # `make bench BENCH_ARGS=--quick` passes --page too: measure, but leave the page alone.
+        print(f"not writing {args.page}: it shows a full reference run", file=sys.stderr)
+        args.page = None
+    return args
 
 
-def steady_malloc() -> str:
-    """Make glibc keep freed batch memory for reuse instead of returning it to the kernel.
-
-    With the default, dynamic thresholds, glibc now and then trims the 7.5 MB that a freed
-    batch leaves at the top of the heap, and the next batch faults ~1,800 fresh pages back in
-    (about +2.5 ms on this machine). Which calls pay depends on the order of allocations, so
-    the penalty lands at random on a quarter of the calls of one row and on almost none of
-    another's. Fixed thresholds apply to every row alike (floor, lucid_replay, TorchRL,
-    naive); PyTorch's CPU performance guide recommends a caching allocator for the same
-    reason. Returns what was set, for the results' metadata.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        # mallopt(M_MMAP_THRESHOLD = -3), mallopt(M_TRIM_THRESHOLD = -1); 1 means success
-        if libc.mallopt(-3, 64 << 20) == 1 and libc.mallopt(-1, 512 << 20) == 1:
-            return "glibc mallopt: mmap threshold 64 MiB, trim threshold 512 MiB"
-    except OSError:
-        pass
-    return "allocator defaults (glibc mallopt not available)"
+def _config(args: argparse.Namespace) -> Config:
+    config = QUICK if args.quick else REFERENCE
+    return config if args.reps is None else dataclasses.replace(config, reps=args.reps)
 
 
-def machine() -> dict[str, Any]:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as file:
-            model = next(
-                (line.split(":", 1)[1].strip() for line in file if line.startswith("model name")),
-                "",
-            )
-    except OSError:
-        pass
-    try:
-        with open("/proc/meminfo") as file:
-            memory = int(file.readline().split()[1]) * 1024
-    except OSError:
-        memory = 0
-    return {
-        "cpu": model or platform.processor(),
-        "cores": os.cpu_count(),
-        "memory_gib": round(memory / 2**30, 1),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cuda_available": torch.cuda.is_available(),
-        **torchrl_rows.versions(),
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    config: Config = QUICK if args.quick else REFERENCE
-    if args.reps is not None:
-        config = dataclasses.replace(config, reps=args.reps)
+def measure_pass(args: argparse.Namespace) -> Pass:
+    """Every selected row, in this process, with this pass's threads and allocator."""
+    config = _config(args)
     prefixes = [p.strip() for p in args.only.split(",") if p.strip()]
 
     def only(row_id: str) -> bool:
         return not prefixes or any(row_id.startswith(p) for p in prefixes)
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    allocator = "glibc defaults" if args.glibc_malloc_defaults else steady_malloc()
+    (threads,) = args.threads
+    if threads != DEFAULT:
+        torch.set_num_threads(int(threads))
+    tuned = args.allocator == environment.TUNED
+    allocator = environment.tune_malloc() if tuned else environment.stock_malloc()
     load_before = os.getloadavg()
     began = time.perf_counter()
     torch.manual_seed(config.seed)
     rows: list[Row] = []
 
     def log(message: str) -> None:
-        print(f"[{time.perf_counter() - began:6.1f} s] {message}", file=sys.stderr, flush=True)
+        tag = f"{torch.get_num_threads()} thread(s), {args.allocator}"
+        print(
+            f"[{time.perf_counter() - began:6.1f} s, {tag}] {message}", file=sys.stderr, flush=True
+        )
 
     log(f"data set: >= {config.transitions} transitions, {config.min_len}..{config.max_len} steps")
     dataset = reference_dataset(config)
@@ -150,14 +135,16 @@ def main(argv: list[str] | None = None) -> int:
         buffer = lucid_rows.build(config, dataset)
     if only("floor") or only("lucid"):
         log("gather floor and lucid_replay sampling, in rounds")
+        floor = GatherFloor(config, dataset.fields, config.transitions)
         sampled = buffer if only("lucid") else None
-        rows += [row for row in lucid_rows.sampling_rows(config, dataset, sampled) if only(row.id)]
+        rows += [r for r in lucid_rows.sampling_rows(config, floor, sampled) if only(r.id)]
+        del floor
     if needs_buffer and only("memory"):
-        rows += lucid_rows.memory_rows(config, buffer)
+        rows += lucid_rows.memory_rows(config, buffer, dataset)
         rows.append(torchrl_rows.torchrl_memory_row(config))
     if only("naive"):
         log("naive baseline")
-        rows += naive_rows.naive_rows(config, dataset, errors, episode_steps)
+        rows += naive.naive_rows(config, dataset, errors, episode_steps)
     loop_timing = None
     if needs_buffer:
         episode = lucid_rows.add_episode(config, dataset)
@@ -188,33 +175,72 @@ def main(argv: list[str] | None = None) -> int:
         rows += scaling.episode_rows(config, dataset, only)
     if only("device"):
         rows += lucid_rows.device_rows(config, dataset, args.device)
-
-    bars = report.evaluate(rows)
-    command = "python -m benchmarks.run" + (
-        ""
-        if argv is None and len(sys.argv) <= 1
-        else " " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return Pass(
+        threads=torch.get_num_threads(),
+        torch_default=threads == DEFAULT,
+        allocator=args.allocator,
+        allocator_detail=allocator,
+        load_before=list(load_before),
+        load_after=list(os.getloadavg()),
+        wall_s=round(time.perf_counter() - began, 1),
+        rows=rows,
+        bars=evaluate(rows),
     )
+
+
+def _plan(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The passes to run: (threads, allocator), without a repeated thread count."""
+    default = torch.get_num_threads()
+    counts: dict[int, str] = {}
+    for item in args.threads:
+        count = default if item == DEFAULT else int(item)
+        if count not in counts or item == DEFAULT:
+            counts[count] = item
+    allocators = [environment.STOCK] + ([environment.TUNED] if args.tuned_malloc else [])
+    return [(item, allocator) for allocator in allocators for item in counts.values()]
+
+
+def _spawn(args: argparse.Namespace, threads: str, allocator: str, target: Path) -> Pass:
+    """Run one pass in a fresh interpreter (a stock process) and read it back."""
+    command = [sys.executable, "-m", "benchmarks.run", "--pass-json", str(target)]
+    command += ["--threads", threads, "--allocator", allocator, "--device", args.device]
+    command += ["--only", args.only] if args.only else []
+    command += ["--reps", str(args.reps)] if args.reps is not None else []
+    command += ["--quick"] if args.quick else []
+    subprocess.run(command, check=True, cwd=ROOT)
+    _, (measured,) = results_file.read(target)
+    return measured
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.pass_json is not None:
+        measured = measure_pass(args)
+        results_file.write(args.pass_json, {}, [measured])
+        return 0
+    from benchmarks.plot import plot
+
+    began = time.perf_counter()
+    date = environment.now()
+    passes = []
+    with tempfile.TemporaryDirectory() as folder:
+        for index, (threads, allocator) in enumerate(_plan(args)):
+            target = Path(folder) / f"pass-{index}.json"
+            passes.append(_spawn(args, threads, allocator, target))
+    shown = sys.argv[1:] if argv is None else argv
     meta = {
-        "command": command,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m benchmarks.run" + (" " + shlex.join(shown) if shown else ""),
+        "date": date,
         "wall_s": round(time.perf_counter() - began, 1),
-        "machine": {**machine(), "allocator": allocator},
-        "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
-        "config": dataclasses.asdict(config),
+        "machine": environment.machine(),
+        "config": dataclasses.asdict(_config(args)),
+        "quick": args.quick,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "quick" if args.quick else "results"
-    report.write_json(args.out / f"{name}.json", meta, rows, bars)
-    info = meta["machine"]
-    title = (
-        f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} "
-        f"({info['torch_threads']} threads), torchrl {info.get('torchrl', '?')}; {command}"
-    )
-    report.plot(args.out / f"{name}.png", rows, title)
-    print(f"Machine: {title}\nAllocator: {allocator}\n")
-    print(report.markdown(rows, bars))
-    log(f"wrote {args.out / (name + '.json')} and {name}.png")
+    results = args.out / ("quick.json" if args.quick else "results.json")
+    results_file.write(results, meta, passes)
+    print(report.render(results, page=args.page, draw=plot))
+    print(f"wrote {results} and {results.with_suffix('.png').name}", file=sys.stderr)
     return 0
 
 

@@ -8,17 +8,23 @@ contents do not matter to the timings), one size at a time, and freed before the
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from benchmarks import naive
 from benchmarks.config import Config
-from benchmarks.data import Dataset, cycled_episode, episode_lengths
-from benchmarks.lucid_rows import fits, reference_window, scaled_buffer, window_errors
-from benchmarks.naive import NaiveSequenceReplay
-from benchmarks.rows import Row, release
+from benchmarks.data import Dataset, episode_lengths
+from benchmarks.floor import GatherFloor
+from benchmarks.lucid_rows import (
+    fits,
+    metadata_bytes,
+    reference_window,
+    scaled_buffer,
+    window_errors,
+)
+from benchmarks.rows import Only, Row, release
 from benchmarks.timing import Timing, measure, measure_rounds
 from lucid_replay import PrioritizedSequenceReplay, Window
 
@@ -27,35 +33,8 @@ def _label(count: int) -> str:
     return f"{count / 1e6:g}M" if count >= 1_000_000 else f"{count / 1e3:g}k"
 
 
-def _naive(
-    config: Config, capacity: int, lengths: Callable[[int], int], count: int, source: Dataset
-) -> NaiveSequenceReplay:
-    naive = NaiveSequenceReplay(capacity, alpha=config.alpha, beta=config.beta, seed=config.seed)
-    offset = 0
-    for index in range(count):
-        naive.add(cycled_episode(source, offset, lengths(index), terminated=bool(index % 2)))
-        offset += lengths(index)
-    return naive
-
-
-def _floor_call(config: Config, fields: dict[str, torch.Tensor], size: int) -> Callable[[], object]:
-    """The gather floor at this size: fresh random windows from the buffer's own storage."""
-    generator = torch.Generator().manual_seed(config.seed + 11)
-    record = torch.arange(config.window_size)
-    indices = [
-        (
-            torch.randint(0, size - config.window_size, (config.batch, 1), generator=generator)
-            + record
-        ).reshape(-1)
-        for _ in range(64)
-    ]
-    calls = itertools.count()
-
-    def gather() -> object:
-        index = indices[next(calls) % len(indices)]
-        return {k: v.index_select(0, index) for k, v in fields.items()}
-
-    return gather
+def _constant(length: int, _: int) -> int:
+    return length
 
 
 def _time_sample_update(
@@ -68,45 +47,29 @@ def _time_sample_update(
     return measure(step, reps=config.reps, warmup=config.warmup)
 
 
-def _time_naive(
-    config: Config,
-    naive: NaiveSequenceReplay,
-    errors: torch.Tensor | None,
-    allow_partial: bool,
-) -> Timing:
-    def step() -> object:
-        drawn = naive.sample_windows(
-            config.batch,
-            config.burn_in,
-            config.length,
-            config.bootstrap,
-            allow_partial=allow_partial,
-        )
-        return drawn if errors is None else naive.update_priorities_from(drawn, errors)
-
-    return measure(step, reps=config.reps, warmup=config.warmup)
-
-
-def transition_rows(config: Config, source: Dataset, only: Callable[[str], bool]) -> list[Row]:
+def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
     """Sample time at each stored-transition count, every size timed in the same rounds.
 
     All buffers are built first and each round samples every size once, so no size finds its
     data in cache from its own previous call: a 10k-transition ring (2.7 MB) would otherwise
     be read from cache on every call, which no learner that runs a network between samples
-    sees. It also puts every size under the same load.
+    sees. It also puts every size under the same load. Each size's floor is a `GatherFloor`
+    of that many records (the size of that buffer's storage).
     """
     rows: list[Row] = []
     window = reference_window(config)
     rng = np.random.default_rng(config.seed + 3)
     group = "scale_transitions"
     buffers: dict[int, PrioritizedSequenceReplay] = {}
+    floors: dict[int, GatherFloor] = {}
     lengths_of: dict[int, list[int]] = {}
     calls: dict[str, Callable[[], object]] = {}
     labels: dict[str, tuple[str, dict[str, object]]] = {}
     built = 0
     for size in config.scale_transitions:
         tag = _label(size)
-        if not fits(config, built + size, copies=2.0):
+        # the buffer, its fill's transient copies, and its floor's storage
+        if not fits(config, built + size, copies=3.0):
             reason = f"{size} transitions need more memory than this machine has free"
             for series in ("uniform", "prioritized"):
                 rows.append(
@@ -123,12 +86,13 @@ def transition_rows(config: Config, source: Dataset, only: Callable[[str], bool]
             config, size, lengths.__getitem__, len(lengths), source
         )
         built += size
-        extra = {"transitions": size, "episodes": buffer.num_episodes}
+        extra: dict[str, object] = {"transitions": size, "episodes": buffer.num_episodes}
         if only("scale.T.floor") or only(f"scale.T.{tag}"):
             key = f"scale.T.{tag}.floor"
-            calls[key] = _floor_call(config, buffer._core.store.ring.fields, size)
+            floor = floors[size] = GatherFloor(config, source.fields, size)
+            calls[key] = floor
             labels[key] = (
-                f"gather floor (index_select from the same ring), {tag} transitions",
+                f"gather floor (index_select from {tag} preallocated records), {tag} transitions",
                 {**extra, "series": "gather floor"},
             )
         for series, prioritized in (("uniform", False), ("prioritized", True)):
@@ -146,26 +110,27 @@ def transition_rows(config: Config, source: Dataset, only: Callable[[str], bool]
         label, extra = labels[key]
         rows.append(Row.timed(key, label, timing, group=group, extra=extra))
     buffers.clear()
+    floors.clear()
     release()
     for size, lengths in lengths_of.items():
         if only("scale.T.naive") and len(lengths) <= config.naive_max_episodes:
             tag = _label(size)
-            naive = _naive(config, size, lengths.__getitem__, len(lengths), source)
+            baseline = naive.build(config, size, lengths.__getitem__, len(lengths), source)
             rows.append(
                 Row.timed(
                     f"scale.T.{tag}.naive",
                     f"naive prioritized sample, {tag} transitions",
-                    _time_naive(config, naive, None, allow_partial=False),
+                    naive.time_sample(config, baseline, None, allow_partial=False),
                     group=group,
                     extra={"transitions": size, "series": "naive prioritized"},
                 )
             )
-            del naive
+            del baseline
             release()
     return rows
 
 
-def episode_rows(config: Config, source: Dataset, only: Callable[[str], bool]) -> list[Row]:
+def episode_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
     """Sample + update at E episodes of ``episode_total // E`` steps (``allow_partial`` windows).
 
     ``allow_partial=True`` (every stored step is an anchor, TorchRL's semantics) keeps the same
@@ -179,12 +144,16 @@ def episode_rows(config: Config, source: Dataset, only: Callable[[str], bool]) -
         tag = _label(count)
         length = max(1, config.episode_total // count)
         capacity = length * count
-        extra = {"episodes": count, "episode_length": length, "transitions": capacity}
+        extra: dict[str, object] = {
+            "episodes": count,
+            "episode_length": length,
+            "transitions": capacity,
+        }
+        steps = functools.partial(_constant, length)
         if only("scale.E.lucid"):
-            buffer = scaled_buffer(config, capacity, lambda _, n=length: n, count, source)
+            buffer = scaled_buffer(config, capacity, steps, count, source)
             timing = _time_sample_update(config, buffer, window, errors)
-            table = buffer._core.store.table
-            table_bytes = sum(t.numel() * t.element_size() for t in table.columns.values())
+            stored = buffer.stats()["episodes_stored"]
             rows.append(
                 Row.timed(
                     f"scale.E.{tag}.lucid",
@@ -194,7 +163,8 @@ def episode_rows(config: Config, source: Dataset, only: Callable[[str], bool]) -
                     extra={
                         **extra,
                         "series": "lucid",
-                        "table_bytes_per_episode": table_bytes / count,
+                        "metadata_bytes_per_episode": metadata_bytes(buffer) / stored,
+                        "table_bytes_per_episode": buffer.memory_usage()["table_bytes"] / stored,
                     },
                 )
             )
@@ -210,16 +180,16 @@ def episode_rows(config: Config, source: Dataset, only: Callable[[str], bool]) -
             )
             rows.append(Row.not_measured(f"scale.E.{tag}.naive", label, reason, group=group))
             continue
-        naive = _naive(config, capacity, lambda _, n=length: n, count, source)
+        baseline = naive.build(config, capacity, steps, count, source)
         rows.append(
             Row.timed(
                 f"scale.E.{tag}.naive",
                 label,
-                _time_naive(config, naive, errors, allow_partial=True),
+                naive.time_sample(config, baseline, errors, allow_partial=True),
                 group=group,
                 extra={**extra, "series": "naive"},
             )
         )
-        del naive
+        del baseline
         release()
     return rows

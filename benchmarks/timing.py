@@ -1,18 +1,29 @@
-"""Wall-clock timing: warm-up, then ``reps`` timed calls with ``time.perf_counter``."""
+"""Wall-clock timing: warm-up, then ``reps`` timed calls with ``time.perf_counter``.
+
+Each timed call also records the minor page faults the process took during it
+(``getrusage(RUSAGE_SELF).ru_minflt``, read outside the timed interval): a call that allocates
+fresh multi-MB outputs the allocator just returned to the kernel faults its pages back in, and
+the fault count shows that churn where the times alone only show noise.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import resource
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 
-@dataclasses.dataclass
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+@dataclasses.dataclass(frozen=True)
 class Timing:
     samples_s: list[float]
+    faults: list[int]  # minor page faults taken during each timed call
 
     @property
     def min_ms(self) -> float:
@@ -22,42 +33,55 @@ class Timing:
     def median_ms(self) -> float:
         return statistics.median(self.samples_s) * 1e3
 
+    @property
+    def faults_per_call(self) -> float:
+        return sum(self.faults) / len(self.faults)
 
-def measure(
-    call: Callable[[], Any],
-    *,
-    reps: int,
-    warmup: int,
-    setup: Callable[[], Any] | None = None,
-) -> Timing:
-    """Time ``call`` ``reps`` times after ``warmup`` untimed calls.
 
-    ``setup`` (untimed) runs before every call. The garbage collector is paused while timing
-    (as ``timeit`` does) so that a collection triggered by one row is not billed to another.
-    """
-    for _ in range(warmup):
-        if setup is not None:
-            setup()
+class _Recorder:
+    """Times calls with the garbage collector paused (as ``timeit`` does), so that a collection
+    triggered by one row is not billed to another."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.faults: list[int] = []
+
+    def time(self, call: Callable[[], object]) -> None:
+        faults = _minor_faults()
+        begin = time.perf_counter()
         call()
-    gc.collect()
-    samples = []
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(reps):
-            if setup is not None:
-                setup()
-            begin = time.perf_counter()
-            call()
-            samples.append(time.perf_counter() - begin)
-    finally:
-        if was_enabled:
+        elapsed = time.perf_counter() - begin
+        self.faults.append(_minor_faults() - faults)
+        self.samples.append(elapsed)
+
+    def timing(self, reps: int) -> Timing:
+        return Timing(self.samples[:reps], self.faults[:reps])
+
+
+class _GcPaused:
+    def __enter__(self) -> None:
+        gc.collect()
+        self.was_enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was_enabled:
             gc.enable()
-    return Timing(samples)
+
+
+def measure(call: Callable[[], object], *, reps: int, warmup: int) -> Timing:
+    """Time ``call`` ``reps`` times after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        call()
+    recorder = _Recorder()
+    with _GcPaused():
+        for _ in range(reps):
+            recorder.time(call)
+    return recorder.timing(reps)
 
 
 def measure_rounds(
-    calls: Mapping[str, Callable[[], Any]], *, reps: int, warmup: int, block: int = 1
+    calls: Mapping[str, Callable[[], object]], *, reps: int, warmup: int, block: int = 1
 ) -> dict[str, Timing]:
     """Time several calls in rounds: each round makes ``block`` calls of each, one after the
     other, until every call was timed ``reps`` times.
@@ -70,18 +94,10 @@ def measure_rounds(
     for _ in range(warmup):
         for call in calls.values():
             call()
-    gc.collect()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    recorders = {name: _Recorder() for name in calls}
+    with _GcPaused():
         for _ in range(-(-reps // block)):
             for name, call in calls.items():
                 for _ in range(block):
-                    begin = time.perf_counter()
-                    call()
-                    samples[name].append(time.perf_counter() - begin)
-    finally:
-        if was_enabled:
-            gc.enable()
-    return {name: Timing(values[:reps]) for name, values in samples.items()}
+                    recorders[name].time(call)
+    return {name: recorder.timing(reps) for name, recorder in recorders.items()}

@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.config import Config
 from benchmarks.data import Dataset
-from benchmarks.rows import Row, release
+from benchmarks.rows import Only, Row, release
 from benchmarks.timing import Timing, measure, measure_rounds
 
 LABELS = {
@@ -36,19 +36,10 @@ LABELS = {
 }
 
 
-def versions() -> dict[str, str]:
-    try:
-        import tensordict
-        import torchrl
-    except ImportError as error:
-        return {"torchrl": f"not importable: {error}"}
-    return {"torchrl": torchrl.__version__, "tensordict": tensordict.__version__}
-
-
 def extension_error() -> str | None:
     """Why TorchRL's C++ extension (needed by the prioritized samplers) does not load, or None."""
     try:
-        from torchrl._torchrl import SumSegmentTreeFp32  # noqa: F401
+        from torchrl._torchrl import SumSegmentTreeFp32  # type: ignore[import-untyped]  # noqa: F401
     except Exception as error:  # an ImportError or an undefined-symbol OSError
         text = str(error)
         return f"TorchRL C++ extension does not load with torch {torch.__version__}: " + (
@@ -62,18 +53,27 @@ def torchrl_rows(
     dataset: Dataset,
     errors: torch.Tensor,
     episode: dict[str, torch.Tensor],
-    only: Callable[[str], bool],
+    only: Only,
     partner_loop: Callable[[], object] | None = None,
 ) -> tuple[list[Row], Timing | None]:
     """TorchRL's rows, and the timing of ``partner_loop`` (lucid_replay's loop step), which is
-    timed in alternating blocks with TorchRL's loop so that the 4x bar compares calls made
+    timed in alternating blocks with TorchRL's loop so that the loop bar compares calls made
     under the same load (None when TorchRL's loop is not measured).
+
+    TorchRL is imported here, not at module level, so that the benchmarks import wherever
+    lucid_replay does; its prioritized samplers need its C++ extension, which loads only with
+    the torch it was built against (rows that need it report "not measured" otherwise).
     """
     partner: Timing | None = None
     try:
-        from tensordict import TensorDict
-        from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
-        from torchrl.data.replay_buffers import (
+        # no py.typed in either package
+        from tensordict import TensorDict  # type: ignore[import-untyped]
+        from torchrl.data import (  # type: ignore[import-untyped]
+            LazyTensorStorage,
+            ReplayBuffer,
+            TensorDictReplayBuffer,
+        )
+        from torchrl.data.replay_buffers import (  # type: ignore[import-untyped]
             PrioritizedSampler,
             PrioritizedSliceSampler,
             RandomSampler,
@@ -91,7 +91,7 @@ def torchrl_rows(
     new_episode = TensorDict(dict(episode), batch_size=[len(episode["obs"])])
     flat_errors = errors.reshape(-1)
     records = config.batch * config.window_size
-    common = {"reps": config.reps, "warmup": config.warmup}
+    reps, warmup = config.reps, config.warmup
     broken = extension_error()
 
     def buffer(kind: type, sampler: Any, *, unit: Any = None, batch: int, **kw: Any) -> Any:
@@ -117,7 +117,9 @@ def torchrl_rows(
 
     def sample_row(row_id: str, sample: Callable[[], object], note: str) -> Row:
         """Time a sample-only call (no writes: a ``Sequence`` boundary cache stays hot)."""
-        return Row.timed(row_id, LABELS[row_id], measure(sample, **common), note=note)
+        return Row.timed(
+            row_id, LABELS[row_id], measure(sample, reps=reps, warmup=warmup), note=note
+        )
 
     rows: list[Row] = []
     if only("torchrl.uniform"):
@@ -156,16 +158,16 @@ def torchrl_rows(
                     Row.timed(
                         "torchrl.prioritized_update",
                         LABELS["torchrl.prioritized_update"],
-                        measure(sample_update, **common),
+                        measure(sample_update, reps=reps, warmup=warmup),
                         note="hot boundary cache",
                     )
                 )
             if only("torchrl.loop"):
-                loops = {"torchrl.loop": loop}
+                loops: dict[str, Callable[[], object]] = {"torchrl.loop": loop}
                 if partner_loop is not None:
                     loops["partner"] = partner_loop
                 # Blocks of 10: each loop runs in its steady state, the load is shared.
-                timings = measure_rounds(loops, block=10, **common)
+                timings = measure_rounds(loops, block=10, reps=reps, warmup=warmup)
                 partner = timings.get("partner")
                 rows.append(
                     Row.timed(

@@ -1,9 +1,12 @@
-"""Profile lucid_replay's hot paths: ``python -m benchmarks.profile_hot [--quick]``.
+"""Profile lucid_replay's hot paths: ``python -m benchmarks.tools.profile_hot [--quick]``.
 
 cProfile (per Python function, and per torch call made from Python) and torch.profiler (per
 aten op) over ``--calls`` calls each of: uniform ``sample_windows``, prioritized
 ``sample_windows``, ``update_priorities_from`` on a drawn batch, and ``add`` of a 256-step
 episode into the full reference buffer. Writes ``benchmarks/results/profile.txt``.
+
+A tool, not a benchmark: the runner does not call it, and no bar reads its output. Like the
+runner, it profiles a stock process unless ``--tuned-malloc`` is given.
 """
 
 from __future__ import annotations
@@ -18,10 +21,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import lucid_rows
+from benchmarks import environment, lucid_rows
 from benchmarks.config import QUICK, REFERENCE
 from benchmarks.data import reference_dataset
-from benchmarks.run import steady_malloc
 
 
 def _cprofile(call: Callable[[], object], calls: int, top: int) -> str:
@@ -73,16 +75,17 @@ def _wall(call: Callable[[], object], calls: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_hot")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tools.profile_hot")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--tuned-malloc", action="store_true", help="fix glibc's thresholds")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent.parent / "results")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    steady_malloc()  # as the benchmark runner does
+    allocator = environment.tune_malloc() if args.tuned_malloc else environment.stock_malloc()
     config = QUICK if args.quick else REFERENCE
     dataset = reference_dataset(config)
     buffer = lucid_rows.build(config, dataset)
@@ -110,7 +113,8 @@ def main() -> None:
     }
     report = io.StringIO()
     report.write(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {config.transitions} "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {allocator}; "
+        f"{config.transitions} "
         f"transitions, {buffer.num_episodes} episodes; {args.calls} calls per path\n"
     )
     for name, call in paths.items():

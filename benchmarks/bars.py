@@ -1,0 +1,321 @@
+"""The performance bars, declared as data, and their verdicts on one pass's rows.
+
+Each bar is a ratio of medians measured in the same pass (the same ratio from the minima is
+reported beside it). `BARS` compares two rows; `FLAT_BARS` compares one series over the sizes
+of a scaling group; the memory bar reads the memory rows. A spec without a ``limit`` is a
+comparison shown beside the bars, with no requirement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from benchmarks.rows import Row
+
+
+@dataclasses.dataclass(frozen=True)
+class BarSpec:
+    """``numerator / denominator`` (row ids), at most or at least ``limit``."""
+
+    name: str
+    numerator: str
+    denominator: str
+    limit: float | None  # None: a comparison shown beside the bars
+    at_most: bool  # True: ratio <= limit; False: ratio >= limit (a speed-up over ``versus``)
+    fmt: str  # how a ratio prints, e.g. "{:.2f}x"
+    versus: str  # how the requirement names the denominator
+
+    @property
+    def requirement(self) -> str:
+        if self.limit is None:
+            return ""
+        if self.at_most:
+            return f"<= {self.limit:g}x {self.versus}"
+        return f">= {self.limit:g}x faster than {self.versus}"
+
+    def format(self, value: float | None) -> str:
+        """``value`` as the bar states it; a speed-up below 1 reads as a slow-down."""
+        if value is None:
+            return ""
+        if not self.at_most and 0 < value < 1:
+            return f"{1 / value:.1f}x slower"
+        return self.fmt.format(value)
+
+    def holds(self, value: float | None) -> bool | None:
+        if value is None or self.limit is None:
+            return None
+        return value <= self.limit if self.at_most else value >= self.limit
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatSpec:
+    """The slowest over the fastest median of ``series`` across the sizes of ``group``."""
+
+    name: str
+    group: str  # "scale_transitions" or "scale_episodes"
+    series: str
+    limit: float
+    size_key: str  # the row extra naming the size: "transitions" or "episodes"
+
+
+@dataclasses.dataclass
+class Bar:
+    """A bar's verdict in one pass."""
+
+    name: str
+    requirement: str
+    value: float | None
+    holds: bool | None
+    detail: str
+    by_min: str = ""  # the same ratio from the minima (less sensitive to contention)
+    required: bool = True  # False: a comparison shown beside the bars
+    note: str = ""  # context shown after the verdict
+
+
+FLOOR = "the cold floor"
+BARS = (
+    BarSpec(
+        name="uniform sample_windows vs floor",
+        numerator="lucid.uniform",
+        denominator="floor",
+        limit=1.3,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus=FLOOR,
+    ),
+    BarSpec(
+        name="prioritized sample_windows + update_priorities_from vs floor",
+        numerator="lucid.prioritized_update",
+        denominator="floor",
+        limit=1.6,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus=FLOOR,
+    ),
+    BarSpec(
+        name="add-sample-update loop vs TorchRL",
+        numerator="torchrl.loop",
+        denominator="lucid.loop",
+        limit=5.0,
+        at_most=False,
+        fmt="{:.1f}x faster",
+        versus="TorchRL",
+    ),
+    BarSpec(
+        name="prioritized sample-only vs TorchRL (hot boundary cache)",
+        numerator="torchrl.prioritized",
+        denominator="lucid.prioritized",
+        limit=2.5,
+        at_most=False,
+        fmt="{:.1f}x faster",
+        versus="TorchRL",
+    ),
+    BarSpec(
+        name="add (256-step episode) vs memcpy of its bytes into ring memory",
+        numerator="add.lucid",
+        denominator="add.memcpy",
+        limit=3.0,
+        at_most=True,
+        fmt="{:.1f}x",
+        versus="memcpy",
+    ),
+    BarSpec(
+        name="the floor with outputs preallocated (out=) vs the floor",
+        numerator="floor.out",
+        denominator="floor",
+        limit=None,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus=FLOOR,
+    ),
+    BarSpec(
+        name="uniform sample_windows vs the floor with preallocated outputs",
+        numerator="lucid.uniform",
+        denominator="floor.out",
+        limit=None,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus="preallocated floor",
+    ),
+    BarSpec(
+        name="uniform sample-only vs TorchRL's RandomSampler (hot boundary cache)",
+        numerator="torchrl.uniform",
+        denominator="lucid.uniform",
+        limit=None,
+        at_most=False,
+        fmt="{:.1f}x faster",
+        versus="TorchRL",
+    ),
+    BarSpec(
+        name="add vs a cache-hot memcpy of its bytes",
+        numerator="add.lucid",
+        denominator="add.memcpy_hot",
+        limit=None,
+        at_most=True,
+        fmt="{:.1f}x",
+        versus="memcpy",
+    ),
+    BarSpec(
+        name="add vs a cache-hot copy of its bytes field by field",
+        numerator="add.lucid",
+        denominator="add.copy_fields",
+        limit=None,
+        at_most=True,
+        fmt="{:.1f}x",
+        versus="copy",
+    ),
+    BarSpec(
+        name="prioritized sample + update on the device vs the floor there",
+        numerator="device",
+        denominator="device.floor",
+        limit=None,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus="device floor",
+    ),
+)
+FLAT_BARS = (
+    FlatSpec(
+        "uniform sample flat 10k -> 10M transitions",
+        "scale_transitions",
+        "lucid uniform",
+        1.3,
+        "transitions",
+    ),
+    FlatSpec(
+        "prioritized sample flat 10k -> 10M transitions",
+        "scale_transitions",
+        "lucid prioritized",
+        1.3,
+        "transitions",
+    ),
+    FlatSpec(
+        "prioritized sample + update flat 1k -> 1M episodes",
+        "scale_episodes",
+        "lucid",
+        1.5,
+        "episodes",
+    ),
+)
+METADATA_LIMIT = 100  # bytes per stored episode (episode table and sum trees)
+
+# Which row each group's ratios divide by.
+_BASELINES = {"main": "floor", "add": "add.memcpy", "device": "device.floor"}
+_BASELINE_NOTES = {"main": "x floor", "add": "x memcpy", "device": "x device floor"}
+
+
+def _ratio(rows: dict[str, Row], top: str, bottom: str, *, minima: bool = False) -> float | None:
+    a, b = rows.get(top), rows.get(bottom)
+    if a is None or b is None:
+        return None
+    x, y = (a.min_ms, b.min_ms) if minima else (a.median_ms, b.median_ms)
+    return None if x is None or not y else x / y
+
+
+def _series(rows: list[Row], group: str) -> dict[str, list[Row]]:
+    series: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.group == group and row.measured and row.median_ms is not None:
+            series.setdefault(str(row.extra["series"]), []).append(row)
+    return series
+
+
+def annotate(rows: list[Row]) -> None:
+    """Fill each row's ratio to its group's baseline (or to the smallest size)."""
+    measured = {r.id: r for r in rows if r.measured and r.median_ms is not None}
+    for row in measured.values():
+        baseline = _BASELINES.get(row.group)
+        if baseline is not None and row.id != baseline:
+            row.ratio, row.ratio_note = (
+                _ratio(measured, row.id, baseline),
+                _BASELINE_NOTES[row.group],
+            )
+    for group in ("scale_transitions", "scale_episodes"):
+        for members in _series(rows, group).values():
+            first = members[0].median_ms or 1.0
+            for row in members:
+                row.ratio, row.ratio_note = (row.median_ms or 0.0) / first, "x smallest"
+
+
+def _pair_bar(spec: BarSpec, rows: dict[str, Row]) -> Bar:
+    value = _ratio(rows, spec.numerator, spec.denominator)
+    by_min = _ratio(rows, spec.numerator, spec.denominator, minima=True)
+    return Bar(
+        spec.name,
+        spec.requirement,
+        value,
+        spec.holds(value),
+        "not measured" if value is None else spec.format(value),
+        spec.format(by_min),
+        required=spec.limit is not None,
+    )
+
+
+def _flat_bar(spec: FlatSpec, rows: list[Row]) -> Bar:
+    requirement = f"<= {spec.limit:g}x (slowest / fastest size)"
+    members = _series(rows, spec.group).get(spec.series, [])
+    if len(members) < 2:
+        return Bar(spec.name, requirement, None, None, "not measured")
+    medians = [r.median_ms or 0.0 for r in members]
+    minima = [r.min_ms or 0.0 for r in members]
+    spread = max(medians) / min(medians)
+    sizes = ", ".join(f"{r.extra[spec.size_key]:,}" for r in members)
+    detail, note = f"{spread:.2f}x", f"over {sizes}"
+    kind = spec.series.split()[-1]  # a row id ends with it: "scale.T.10k.uniform"
+    unmeasured = [
+        r for r in rows if r.group == spec.group and not r.measured and r.id.endswith(f".{kind}")
+    ]
+    if unmeasured:
+        note += f" ({len(unmeasured)} size(s) not measured)"
+    floors = {
+        r.extra["transitions"]: r.median_ms
+        for r in _series(rows, spec.group).get("gather floor", [])
+    }
+    above = [(r.median_ms or 0.0) - (floors.get(r.extra["transitions"]) or 0.0) for r in members]
+    if all(r.extra["transitions"] in floors for r in members) and min(above) > 0:
+        note += (
+            f"; above the same-size floor: {min(above):.2f}..{max(above):.2f} ms "
+            f"({max(above) / min(above):.2f}x)"
+        )
+    by_min = f"{max(minima) / min(minima):.2f}x"
+    return Bar(spec.name, requirement, spread, spread <= spec.limit, detail, by_min, note=note)
+
+
+def _memory_bar(rows: list[Row]) -> Bar | None:
+    """Metadata per stored episode at the largest episode count measured (where the table's
+    power-of-two growth leaves the least slack), and bytes per transition."""
+    memory = {r.id: r for r in rows if r.group == "memory"}
+    if "memory.lucid.episode" not in memory or "memory.lucid.transition" not in memory:
+        return None
+    reference = memory["memory.lucid.episode"].extra
+    sizes = [(int(reference["episodes"]), float(reference["bytes_per_episode"]))]
+    sizes += [
+        (int(r.extra["episodes"]), float(r.extra["metadata_bytes_per_episode"]))
+        for r in rows
+        if r.group == "scale_episodes" and r.measured and "metadata_bytes_per_episode" in r.extra
+    ]
+    episodes, per_episode = max(sizes)
+    per_transition = float(memory["memory.lucid.transition"].extra["bytes_per_transition"])
+    detail = f"{per_episode:.0f} B/episode, {per_transition:.0f} B/transition"
+    note = (
+        f"table + sum trees at {episodes:,} episodes; {sizes[0][1]:.0f} B/episode in the "
+        f"reference buffer of {sizes[0][0]:,} episodes (rows grow by powers of two)"
+    )
+    return Bar(
+        "metadata beyond the user's data",
+        f"O(1): < {METADATA_LIMIT} B per stored episode, 0 B/transition",
+        per_episode,
+        per_transition == 0 and per_episode < METADATA_LIMIT,
+        detail,
+        note=note,
+    )
+
+
+def evaluate(rows: list[Row]) -> list[Bar]:
+    """Annotate ``rows`` with their ratios and return every bar's verdict on them."""
+    annotate(rows)
+    measured = {r.id: r for r in rows if r.measured and r.median_ms is not None}
+    bars = [_pair_bar(spec, measured) for spec in BARS]
+    bars += [_flat_bar(spec, rows) for spec in FLAT_BARS]
+    memory = _memory_bar(rows)
+    return bars if memory is None else [*bars, memory]

@@ -1,0 +1,104 @@
+"""The gather floor: the cost every sampler of ``B x W`` records pays, measured once, here.
+
+Every bar and every scaling row that compares with "the floor" uses `GatherFloor`. It holds
+its own preallocated contiguous tensors, one per field, of ``capacity`` records each: the
+size of the buffer's storage it stands beside (``memory_usage()["data_bytes"]``), filled
+with the same data. Each call gathers ``B`` windows of ``W`` records (``burn_in + length +
+bootstrap``, ``dilation`` apart) with one ``index_select`` per field, at FRESH random
+window positions: 64 index sets are prepared up front and cycled, so a call reads memory that
+no recent call touched, as a sampler does (the "cold floor"), rather than the few MB the
+previous call left in cache.
+
+Two variants share the storage and the index cycle (so neither re-reads what the other just
+read):
+
+- `GatherFloor.__call__` allocates its outputs on every call, as ``sample_windows`` does: this
+  is the floor the bars divide by;
+- `GatherFloor.into_preallocated` writes into outputs allocated once (``out=``), shown beside
+  it: the difference is what allocating (and, with a stock allocator, page-faulting) a fresh
+  multi-MB batch per call costs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+
+import torch
+
+from benchmarks.config import Config
+
+INDEX_SETS = 64  # prepared window sets, cycled: each holds B windows at random positions
+
+
+class GatherFloor:
+    """``index_select`` of ``config.batch x config.window_size`` records from ``capacity``
+    preallocated records per field, laid out like ``source`` (``[N, ...]`` tensors)."""
+
+    def __init__(
+        self,
+        config: Config,
+        source: Mapping[str, torch.Tensor],
+        capacity: int,
+        *,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        span = 1 + config.dilation * (config.window_size - 1)
+        if capacity < span:
+            raise ValueError(f"capacity must be at least one window ({span}), got {capacity}")
+        self.storage = {name: _filled(values, capacity, device) for name, values in source.items()}
+        generator = torch.Generator().manual_seed(config.seed + 7)
+        record = torch.arange(config.window_size) * config.dilation
+        starts = torch.randint(
+            0, capacity - span + 1, (INDEX_SETS, config.batch, 1), generator=generator
+        )
+        self.indices: list[torch.Tensor] = [
+            (starts[i] + record).reshape(-1).to(device) for i in range(INDEX_SETS)
+        ]
+        self._turn = itertools.count()
+        self.records = config.batch * config.window_size
+
+    @property
+    def storage_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.storage.values())
+
+    @property
+    def gathered_bytes(self) -> int:
+        """Bytes one call moves into its outputs."""
+        return sum(self.records * t[0].numel() * t.element_size() for t in self.storage.values())
+
+    def _index(self) -> torch.Tensor:
+        return self.indices[next(self._turn) % len(self.indices)]
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        """One gather into freshly allocated outputs (the floor the bars use)."""
+        index = self._index()
+        return {name: values.index_select(0, index) for name, values in self.storage.items()}
+
+    def into_preallocated(self) -> Callable[[], dict[str, torch.Tensor]]:
+        """The same gather into outputs allocated once, here (``index_select(..., out=)``)."""
+        outputs = {
+            name: torch.empty(
+                (self.records, *values.shape[1:]), dtype=values.dtype, device=values.device
+            )
+            for name, values in self.storage.items()
+        }
+
+        def gather() -> dict[str, torch.Tensor]:
+            index = self._index()
+            for name, values in self.storage.items():
+                torch.index_select(values, 0, index, out=outputs[name])
+            return outputs
+
+        return gather
+
+
+def _filled(values: torch.Tensor, capacity: int, device: str | torch.device) -> torch.Tensor:
+    """``capacity`` records shaped like ``values``'s, filled with its records (tiled), so every
+    page is written once before timing and no call pays a first-touch fault."""
+    storage = torch.empty((capacity, *values.shape[1:]), dtype=values.dtype, device=device)
+    count = int(values.shape[0])
+    for begin in range(0, capacity, count):
+        size = min(count, capacity - begin)
+        storage[begin : begin + size].copy_(values[:size])
+    return storage

@@ -1,0 +1,100 @@
+"""The results figure: sampling rows per pass, and the two scaling groups."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from benchmarks.results_file import Pass
+from benchmarks.rows import Row
+
+_REFERENCE_IDS = ("floor", "floor.out", "add.memcpy", "add.memcpy_hot", "add.copy_fields")
+_LINE_STYLES = ("-", "--", "-.", ":")
+_SERIES_COLOURS = {
+    "gather floor": "#555555",
+    "lucid uniform": "C0",
+    "lucid prioritized": "C2",
+    "lucid": "C0",
+    "naive prioritized": "C3",
+    "naive": "C3",
+}
+
+
+def _colour(row: Row) -> str:
+    if row.id in _REFERENCE_IDS:
+        return "#555555"
+    if row.id.startswith(("lucid", "add.lucid")):
+        return "#1f77b4"
+    if row.id.startswith("torchrl"):
+        return "#ff7f0e"
+    return "#d62728"
+
+
+def plot(path: Path, passes: list[Pass], title: str) -> None:
+    """Medians of the sampling and add rows (one bar per pass, log scale), and the scaling
+    series (one line style per pass)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(17, 6), gridspec_kw={"width_ratios": [1.6, 1, 1]})
+    shown = [p for p in passes if p.stock] or passes
+    first = [r for r in shown[0].rows if r.group in ("main", "add") and r.measured]
+    height = 0.8 / len(shown)
+    axis = axes[0]
+    for index, run in enumerate(shown):
+        medians = {r.id: r.median_ms for r in run.rows if r.measured and r.median_ms}
+        positions = [i + index * height for i in range(len(first))]
+        axis.barh(
+            positions,
+            [medians.get(r.id, 0.0) for r in first],
+            height=height,
+            color=[_colour(r) for r in first],
+            alpha=1.0 - 0.45 * index,
+            label=run.label,
+        )
+    axis.set_yticks(
+        [i + 0.4 - height / 2 for i in range(len(first))],
+        [textwrap.shorten(r.label, 62, placeholder="...") for r in first],
+        fontsize=7,
+    )
+    axis.invert_yaxis()
+    if first:
+        axis.set_xscale("log")
+    axis.set_xlabel("median ms (log); one bar per pass, darkest first")
+    axis.set_title("256 windows x 109 records")
+    axis.legend(fontsize=8)
+    for axis, group, key, xlabel in (
+        (axes[1], "scale_transitions", "transitions", "stored transitions"),
+        (axes[2], "scale_episodes", "episodes", "stored episodes (fixed transition total)"),
+    ):
+        drawn = False
+        for index, run in enumerate(shown):
+            series: dict[str, list[Row]] = {}
+            for row in run.rows:
+                if row.group == group and row.measured and row.median_ms:
+                    series.setdefault(str(row.extra["series"]), []).append(row)
+            for name, members in series.items():
+                axis.plot(
+                    [r.extra[key] for r in members],
+                    [r.median_ms for r in members],
+                    marker="o",
+                    color=_SERIES_COLOURS.get(name, "C4"),
+                    linestyle=_LINE_STYLES[index % len(_LINE_STYLES)],
+                    label=f"{name} ({run.label})",
+                )
+                drawn = True
+        if drawn:
+            axis.set_xscale("log")
+            axis.set_yscale("log")
+            axis.legend(fontsize=7)
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel("median ms")
+        axis.grid(True, which="both", alpha=0.3)
+    axes[1].set_title("sample time vs transitions")
+    axes[2].set_title("sample + update vs episodes")
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,1 @@
+"""Tools beside the timed suite (the runner never calls them): ``profile_hot``."""
