@@ -1,25 +1,17 @@
-"""Batches: records gathered out of the ring into tensors on the learner's device.
+"""Batches: the values a draw returns (`lucid_replay.gather` assembles them).
 
-`chunk_batch` and `window_batch` assemble what a draw (`lucid_replay.sampling`) and its
-expansion (`lucid_replay.window`) describe. Every tensor of a returned batch owns its memory:
-writing into one changes neither storage nor any other batch.
+Every tensor of a returned batch owns its memory: writing into one changes neither storage
+nor any other batch (unless the caller passes it back as ``out=`` to be overwritten).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import torch
-
-from lucid_replay import arrays
-from lucid_replay.arrays import Array
-from lucid_replay.sampling import Anchors
-from lucid_replay.storage import TransitionRing
-from lucid_replay.table import EpisodeTable
-from lucid_replay.window import Records, Window, layout
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase  # type: ignore[import-untyped]  # no py.typed
@@ -28,78 +20,6 @@ __all__ = ["Batch", "PrioritizedBatch", "WindowBatch"]
 
 _DeviceLike = torch.device | str
 _Moved = TypeVar("_Moved", bound="attrs.AttrsInstance")
-
-
-def chunk_batch(
-    ring: TransitionRing,
-    table: EpisodeTable,
-    anchors: Anchors,
-    length: int,
-    target: torch.device,
-) -> Batch:
-    """``B`` chunks of ``length`` steps starting at ``anchors``, on ``target``.
-
-    With ``anchors.weights`` (a prioritized draw) the result is a `PrioritizedBatch`.
-    """
-    first = table.start[anchors.rows] + anchors.steps
-    record = layout(Window(length), ring.device).record
-
-    def offsets_at(positions: Array | None) -> Array:  # only across the ring's seam
-        every = arrays.engine(first.unsqueeze(1) + record)
-        return every if positions is None else every.reshape(-1)[positions]
-
-    def read(out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        return ring.gather_runs(first, length, 1, offsets_at, None, table.oldest_offset, out)
-
-    data = gather(ring, (int(first.shape[0]), length), target, read)
-    episode_ids, starts = anchors.episode_ids.to(target), anchors.steps.to(target)
-    if anchors.weights is None:
-        return Batch(data, episode_ids, starts)
-    return PrioritizedBatch(
-        data=data,
-        episode_ids=episode_ids,
-        starts=starts,
-        indices=episode_ids.clone(),
-        weights=anchors.weights.to(target),
-    )
-
-
-def window_batch(
-    ring: TransitionRing,
-    table: EpisodeTable,
-    anchors: Anchors,
-    records: Records,
-    window: Window,
-    target: torch.device,
-) -> WindowBatch:
-    """The `WindowBatch` of ``records`` (expanded from ``anchors``), on ``target``."""
-
-    def read(out: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        return ring.gather_runs(
-            records.first_offsets,
-            window.size,
-            window.dilation,
-            records.offsets_at,
-            records.valid if records.clamped else None,  # the records that were not clamped
-            table.oldest_offset,
-            out,
-        )
-
-    shape = tuple(records.valid.shape)
-    per_record = layout(window, target)
-    return WindowBatch(
-        data=gather(ring, (shape[0], shape[1]), target, read),
-        learning_mask=per_record.learning_mask.expand(shape).contiguous(),  # owned, not the cache
-        validity_mask=records.valid.to(target),
-        is_init=records.is_init.to(target),
-        terminal=records.terminal.to(target),
-        record_episode_ids=records.episode_ids.to(target),
-        record_steps=records.steps.to(target),
-        step_in_sequence=per_record.record.expand(shape).contiguous(),
-        episode_ids=anchors.episode_ids.to(target),
-        anchor_steps=anchors.steps.to(target),
-        weights=None if anchors.weights is None else anchors.weights.to(target),
-    )
 
 
 def record_positions(batch: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -115,30 +35,6 @@ def record_positions(batch: object) -> tuple[torch.Tensor, torch.Tensor, torch.T
         ids = batch.episode_ids.unsqueeze(1).expand_as(steps)
         return ids, steps, torch.ones_like(steps, dtype=torch.bool)
     raise TypeError(f"batch must be a Batch or WindowBatch, got {type(batch).__name__}")
-
-
-def gather(
-    ring: TransitionRing,
-    shape: tuple[int, int],
-    device: torch.device,
-    read: Callable[[Mapping[str, torch.Tensor] | None], dict[str, torch.Tensor]],
-) -> Mapping[str, torch.Tensor]:
-    """Run ``read`` (it fills ``[B, W, *field_shape]`` tensors) so its records land on ``device``.
-
-    With CPU storage and a CUDA target the records are gathered into pinned host memory
-    (PyTorch's caching host allocator reuses it) and copied with ``non_blocking=True``, so the
-    copy overlaps whatever the learner's stream is doing.
-    """
-    if ring.device == device:
-        return MappingProxyType(read(None))
-    if ring.device.type == "cpu" and device.type == "cuda":
-        pinned = {
-            name: torch.empty((*shape, *store.shape[1:]), dtype=store.dtype, pin_memory=True)
-            for name, store in ring.fields.items()
-        }
-        host = read(pinned)
-        return MappingProxyType({k: v.to(device, non_blocking=True) for k, v in host.items()})
-    return MappingProxyType({k: v.to(device) for k, v in read(None).items()})
 
 
 def _to_device(value: object, device: _DeviceLike, non_blocking: bool) -> object:

@@ -19,8 +19,9 @@ import attrs
 import torch
 
 from lucid_replay import arrays, checkpoint
-from lucid_replay.batch import Batch, WindowBatch, chunk_batch, window_batch
+from lucid_replay.batch import Batch, WindowBatch
 from lucid_replay.episode import Episode
+from lucid_replay.gather import chunk_batch, record_arrays, window_batch
 from lucid_replay.priorities import Priorities
 from lucid_replay.sampling import Anchors, AnchorSampler
 from lucid_replay.schema import Schema
@@ -80,28 +81,47 @@ class ReplayCore:
         return self.sampler.log_mass(window.anchor_span, self.alpha(prioritized))
 
     def chunks(
-        self, batch_size: int, length: int, target: torch.device, *, prioritized: bool
+        self,
+        batch_size: int,
+        length: int,
+        target: torch.device,
+        *,
+        prioritized: bool,
+        out: Batch | None = None,
     ) -> Batch:
-        """Draw chunks of ``length`` steps onto ``target``."""
+        """Draw chunks of ``length`` steps onto ``target`` (into ``out``, if given)."""
         anchors = self.draw(batch_size, Window(length), prioritized=prioritized)
-        batch = chunk_batch(self.store.ring, self.store.table, anchors, length, target)
+        batch = chunk_batch(self.store.ring, self.store.table, anchors, length, target, out)
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
         return batch
 
     def windows(
-        self, batch_size: int, window: Window, target: torch.device, *, prioritized: bool
+        self,
+        batch_size: int,
+        window: Window,
+        target: torch.device,
+        *,
+        prioritized: bool,
+        out: WindowBatch | None = None,
     ) -> WindowBatch:
-        """Draw anchors and expand each into ``window`` onto ``target``."""
+        """Draw anchors and expand each into ``window`` onto ``target`` (or into ``out``)."""
         anchors = self.draw(batch_size, window, prioritized=prioritized)  # sampling
-        batch = self.assemble(anchors, window, target)  # window, then batch
+        batch = self.assemble(anchors, window, target, out)  # window, then batch
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
         return batch
 
-    def assemble(self, anchors: Anchors, window: Window, target: torch.device) -> WindowBatch:
+    def assemble(
+        self,
+        anchors: Anchors,
+        window: Window,
+        target: torch.device,
+        out: WindowBatch | None = None,
+    ) -> WindowBatch:
         """The `WindowBatch` of stored ``anchors`` expanded into ``window``, on ``target``."""
         table = self.store.table
-        records = expand(table, anchors, window)
-        return window_batch(self.store.ring, table, anchors, records, window, target)
+        into = None if window.boundary == "include_reset" else record_arrays(out, table.device)
+        records = expand(table, anchors, window, into)
+        return window_batch(self.store.ring, table, anchors, records, window, target, out)
 
     def num_eligible(self, window: Window) -> int:
         """Anchors (or episodes) a uniform draw of ``window`` chooses from now."""

@@ -139,15 +139,21 @@ class PrioritizedSequenceReplay(SequenceReplay):
 
     # -------------------------------------------------------------------------- sampling
     def sample_prioritized(
-        self, batch_size: int, length: int, *, device: torch.device | str | None = None
+        self,
+        batch_size: int,
+        length: int,
+        *,
+        device: torch.device | str | None = None,
+        out: PrioritizedBatch | None = None,
     ) -> PrioritizedBatch:
         """Draw ``batch_size`` chunks of ``length`` steps by priority, with IS weights.
 
         Returns a `PrioritizedBatch`: the chunks, ``indices`` (the episode ids, int64 ``[B]``)
-        and ``weights`` (float32 ``[B]``, largest 1). O(B log E + B length). Raises as
-        `SequenceReplay.sample`.
+        and ``weights`` (float32 ``[B]``, largest 1). O(B log E + B length). ``out``: a
+        `PrioritizedBatch` of the same shapes to overwrite and return (as for
+        `SequenceReplay.sample`). Raises as `SequenceReplay.sample`.
         """
-        batch = self._sample_chunks(batch_size, length, device, prioritized=True)
+        batch = self._sample_chunks(batch_size, length, device, out, prioritized=True)
         assert isinstance(batch, PrioritizedBatch)  # a prioritized draw always has weights
         return batch
 

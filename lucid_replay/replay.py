@@ -16,11 +16,12 @@ from typing import Any, TypeVar
 import torch
 
 from lucid_replay import checkpoint, forks
-from lucid_replay.batch import Batch, WindowBatch, record_positions
+from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch, record_positions
 from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
 from lucid_replay.errors import CheckpointError, must, wrong_type
+from lucid_replay.gather import check_out
 from lucid_replay.prefetch import Prefetcher
 from lucid_replay.schema import Schema
 from lucid_replay.window import MAX_RECORDS, Window, check_window
@@ -212,36 +213,57 @@ class SequenceReplay:
 
     # -------------------------------------------------------------------------- sampling
     def sample(
-        self, batch_size: int, length: int, *, device: torch.device | str | None = None
+        self,
+        batch_size: int,
+        length: int,
+        *,
+        device: torch.device | str | None = None,
+        out: Batch | None = None,
     ) -> Batch:
         """Draw ``batch_size`` chunks of ``length`` consecutive steps uniformly, with replacement.
 
         O(B log E + B length). With ``unit="chunk"`` every chunk inside a stored episode is
         equally likely; with ``unit="episode"`` every episode with ``T >= length`` is.
 
+        ``out``: a `Batch` an earlier call of the same ``batch_size`` and ``length`` returned
+        (on the same device), overwritten in place and returned, so that a loop allocates
+        nothing per draw: ``batch = buffer.sample(256, 64, out=batch)``. The caller owns it;
+        its earlier contents are gone.
+
         Raises
         ------
         InvalidArgumentError
             If the buffer is empty, no stored episode has ``T >= length``, ``batch_size`` or
-            ``length`` is below 1, or ``device`` cannot be used.
+            ``length`` is below 1, ``device`` cannot be used, or ``out`` has other shapes.
         ReuseLimitError
             If the reuse limit leaves fewer than ``batch_size`` draws (nothing is drawn).
         """
-        return self._sample_chunks(batch_size, length, device, prioritized=False)
+        return self._sample_chunks(batch_size, length, device, out, prioritized=False)
 
     def _sample_chunks(
         self,
         batch_size: int,
         length: int,
         device: torch.device | str | None,
+        out: Batch | None,
         *,
         prioritized: bool,
     ) -> Batch:
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         check_int("length", length, minimum=1, maximum=MAX_RECORDS)
-        target = self._batch_device(device)
+        target = self._out_device(device, out)
         with self._lock:
-            return self._core.chunks(batch_size, length, target, prioritized=prioritized)
+            if out is not None:
+                kind = PrioritizedBatch if prioritized else Batch
+                check_out(
+                    out,
+                    kind,
+                    (batch_size, length),
+                    self._core.store.schema,
+                    target,
+                    weights=prioritized,
+                )
+            return self._core.chunks(batch_size, length, target, prioritized=prioritized, out=out)
 
     def sample_windows(
         self,
@@ -250,6 +272,7 @@ class SequenceReplay:
         *,
         prioritized: bool | None = None,
         device: torch.device | str | None = None,
+        out: WindowBatch | None = None,
     ) -> WindowBatch:
         """Draw ``batch_size`` anchors and expand each into a `Window` of records.
 
@@ -257,14 +280,27 @@ class SequenceReplay:
         `sample`) or, on a `PrioritizedSequenceReplay`, by priority. ``prioritized=None`` means
         prioritized exactly on a `PrioritizedSequenceReplay`. With ``Window(length)`` the draw
         equals ``sample(batch_size, length)`` (or ``sample_prioritized``) draw for draw.
-        Cost O(B log E + B W).
+        Cost O(B log E + B W). ``out``: a `WindowBatch` of the same shapes to overwrite and
+        return instead of allocating one (as for `sample`).
         """
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         check_window(window)
         use_priorities = self._use_priorities(prioritized)
-        target = self._batch_device(device)
+        target = self._out_device(device, out)
         with self._lock:
-            return self._core.windows(batch_size, window, target, prioritized=use_priorities)
+            if out is not None:
+                shape = (batch_size, window.size)
+                check_out(
+                    out,
+                    WindowBatch,
+                    shape,
+                    self._core.store.schema,
+                    target,
+                    weights=use_priorities,
+                )
+            return self._core.windows(
+                batch_size, window, target, prioritized=use_priorities, out=out
+            )
 
     def gather_windows(
         self,
@@ -314,6 +350,12 @@ class SequenceReplay:
     def _batch_device(self, device: object) -> torch.device:
         return self._device if device is None else check_device("device", device)
 
+    def _out_device(self, device: object, out: Batch | WindowBatch | None) -> torch.device:
+        """The target device: ``device``, else ``out``'s, else the storage's."""
+        if device is None and isinstance(out, Batch | WindowBatch):
+            return out.episode_ids.device
+        return self._batch_device(device)
+
     # --------------------------------------------------------------------- stored state
     def write_back(self, batch: Batch | WindowBatch, name: str, values: torch.Tensor) -> int:
         """Write per-record ``values`` (``[B, W, *field_shape]``) into stored field ``name``.
@@ -335,6 +377,7 @@ class SequenceReplay:
         *,
         prefetch: int = 2,
         device: torch.device | str | None = None,
+        recycle: bool = False,
     ) -> Iterator[WindowBatch]:
         """Yield `sample_windows` batches prepared by a background thread, endlessly.
 
@@ -345,12 +388,34 @@ class SequenceReplay:
         Closing the iterator (``close()``, or leaving a ``for`` loop or ``with`` block) stops
         and joins the thread; an iterator that is merely dropped stops its thread without
         waiting for it.
+
+        ``recycle=True`` draws into a ring of ``prefetch + 2`` batches instead of allocating
+        one per draw: a yielded batch then stays valid only until the iterator's next
+        ``next()`` returns (copy what you keep longer); after that its memory receives a
+        later draw. Without it (the default) every batch owns its memory.
         """
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
         check_window(window)
+        if not isinstance(recycle, bool):
+            raise wrong_type("recycle", "a bool", recycle)
         target = self._batch_device(device)
-        return Prefetcher(lambda: self.sample_windows(batch_size, window, device=target), prefetch)
+        if not recycle:
+            return Prefetcher(
+                lambda: self.sample_windows(batch_size, window, device=target), prefetch
+            )
+        ring: list[WindowBatch | None] = [None] * (prefetch + 2)
+        drawn = [0]
+
+        def draw_into_ring() -> WindowBatch:
+            # The worker fills slot n while the consumer holds slot n - prefetch - 1 at the
+            # earliest: ring + queue never hand out a slot still in use.
+            slot = drawn[0] % len(ring)
+            batch = self.sample_windows(batch_size, window, device=target, out=ring[slot])
+            ring[slot], drawn[0] = batch, drawn[0] + 1
+            return batch
+
+        return Prefetcher(draw_into_ring, prefetch)
 
     # ------------------------------------------------------------------------- reporting
     def stats(self) -> dict[str, int]:

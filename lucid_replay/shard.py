@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from lucid_replay import arrays
-from lucid_replay.batch import Batch, WindowBatch, chunk_batch
+from lucid_replay.batch import Batch, WindowBatch
 from lucid_replay.checks import as_vector
 from lucid_replay.errors import must
+from lucid_replay.gather import chunk_batch
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.window import Window
 

@@ -30,6 +30,11 @@ class TransitionRing:
         self.device = device
         self.fields: dict[str, torch.Tensor] = {}
         self._host_fields: dict[str, np.ndarray] | None = None
+        self._scratch: dict[str, torch.Tensor] = {}
+        # Pinned host buffers for gathers to an accelerator, by batch shape, and the event
+        # after which their last copy out has finished.
+        self._pinned: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self._copied: dict[tuple[int, int], torch.cuda.Event] = {}
 
     def allocate(self, schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
         """Create the storage tensors for ``schema`` (name -> (per-step shape, dtype)).
@@ -98,6 +103,31 @@ class TransitionRing:
         if bool(wraps.any()):  # most batches read no record past the seam
             relative -= wraps * self.capacity
         return relative
+
+    def pinned(self, shape: tuple[int, int], device: torch.device) -> dict[str, torch.Tensor]:
+        """Pinned host tensors ``[*shape, *field_shape]`` to gather into before a copy.
+
+        Kept for the next call of this shape, which waits until the copy out of them (to
+        ``device``) has finished.
+        """
+        buffers = self._pinned.get(shape)
+        if buffers is None:
+            buffers = {
+                name: torch.empty((*shape, *store.shape[1:]), dtype=store.dtype, pin_memory=True)
+                for name, store in self.fields.items()
+            }
+            self._pinned = {shape: buffers}  # one batch shape at a time is what loops use
+        event = self._copied.pop(shape, None)
+        if event is not None:
+            event.synchronize()  # the previous batch's non_blocking copy read these buffers
+        return buffers
+
+    def record_copies(self, device: torch.device) -> None:
+        """Note that copies out of the pinned buffers were just queued on ``device``."""
+        for shape in self._pinned:
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped in torch
+            event.record(torch.cuda.current_stream(device))
+            self._copied[shape] = event
 
     def scatter(
         self, name: str, offsets: torch.Tensor, values: torch.Tensor, oldest_offset: int
@@ -178,5 +208,20 @@ class TransitionRing:
             records = arrays.tensor(where)
             for name, store in self.fields.items():
                 flat = result[name].view(-1, *store.shape[1:])
-                flat.index_copy_(0, records, store.index_select(0, slots))
+                flat.index_copy_(0, records, self._repair_buffer(name, slots))
         return result
+
+    def _repair_buffer(self, name: str, slots: torch.Tensor) -> torch.Tensor:
+        """The records at ``slots`` of field ``name``, in a buffer kept for repairs.
+
+        Reused from call to call: a temporary of a new size every batch would fragment the
+        heap of a stock allocator, which then trims and faults pages back in on later calls.
+        """
+        store, count = self.fields[name], int(slots.shape[0])
+        scratch = self._scratch.get(name)
+        if scratch is None or scratch.shape[0] < count:
+            scratch = torch.empty(
+                (max(count, 1024), *store.shape[1:]), dtype=store.dtype, device=store.device
+            )
+            self._scratch[name] = scratch
+        return torch.index_select(store, 0, slots, out=scratch[:count])

@@ -176,6 +176,17 @@ class Records:
         return self.starts[positions // steps.shape[1]] + steps.reshape(-1)[positions]
 
 
+@attrs.frozen(eq=False)
+class RecordArrays:
+    """Destinations ``[B, W]`` (of the `arrays` engine) for `expand` to write records into."""
+
+    steps: Array
+    valid: Array
+    is_init: Array
+    terminal: Array
+    episode_ids: Array
+
+
 class Layout(NamedTuple):
     """Per-record constants of a window, ``[W]`` each."""
 
@@ -195,12 +206,15 @@ def layout(window: Window, device: torch.device) -> Layout:
     return Layout(record, step_offset, window.learning_mask.to(device))
 
 
-def expand(table: EpisodeTable, anchors: Anchors, window: Window) -> Records:
+def expand(
+    table: EpisodeTable, anchors: Anchors, window: Window, into: RecordArrays | None = None
+) -> Records:
     """Expand ``anchors`` (stored episodes, their rows and steps) into records.
 
     One vectorised computation for the whole batch; cost O(B W), plus O(n log E) for the n
-    records that ``include_reset`` sends into other episodes. Per-window quantities are
-    computed on the table's `arrays` engine, the ``[B, W]`` ones in torch.
+    records that ``include_reset`` sends into other episodes. Computed on the table's
+    `arrays` engine; with ``into`` (not for ``include_reset``), the ``[B, W]`` results are
+    written there instead of into new arrays.
     """
     episode_ids = anchors.episode_ids
     column, where = table.arrays, arrays.engine(anchors.rows)
@@ -229,11 +243,22 @@ def expand(table: EpisodeTable, anchors: Anchors, window: Window) -> Records:
             arrays.tensor(anchor).unsqueeze(1) + cached.step_offset,
         )
     record, step_offset = arrays.engine(cached.record), arrays.engine(cached.step_offset)
-    steps = anchor[:, None] + step_offset  # the target steps; clamped below where needed
+    shape = (int(anchor.shape[0]), window.size)
+    if into is None:
+        steps = anchor[:, None] + step_offset  # the target steps; clamped below where needed
+        valid = arrays.full(shape, True, torch.bool, steps)
+        is_init = arrays.full(shape, False, torch.bool, steps)
+        terminal = arrays.full(shape, False, torch.bool, steps)
+        record_ids = arrays.repeat_columns(arrays.engine(episode_ids), window.size)
+    else:
+        steps, valid, is_init, terminal = into.steps, into.valid, into.is_init, into.terminal
+        steps[...] = anchor[:, None] + step_offset
+        valid[...], is_init[...], terminal[...] = True, False, False
+        record_ids = into.episode_ids
+        record_ids[...] = arrays.engine(episode_ids)[:, None]
     first_step = anchor - window.burn_in * window.dilation  # record 0's target
     # Most windows lie inside their episode: only the rows of the others clamp and compare.
     out_of_episode = (first_step < 0) | (first_step + window.dilation * (window.size - 1) > last)
-    valid = arrays.full(tuple(steps.shape), True, torch.bool, steps)
     clamped = bool(out_of_episode.any())
     if clamped:
         arrays.clip_rows_(steps, 0, last)
@@ -241,15 +266,13 @@ def expand(table: EpisodeTable, anchors: Anchors, window: Window) -> Records:
         last_valid = window.burn_in + (last - anchor) // window.dilation  # its record index
         valid[rows] = (record >= first_valid[rows, None]) & (record <= last_valid[rows, None])
     # is_init: the first valid record only (one episode); terminal: a suffix of some rows.
-    is_init = arrays.full(tuple(steps.shape), False, torch.bool, steps)
-    is_init[arrays.arange(steps.shape[0], steps), first_valid] = True
-    terminal = arrays.full(tuple(steps.shape), False, torch.bool, steps)
+    is_init[arrays.arange(shape[0], steps), first_valid] = True
     ending = arrays.flat_nonzero(at_last < window.size)
     if ending.shape[0]:
         terminal[ending] = record >= at_last[ending, None]
     return Records(
         first_offsets=arrays.tensor(starts + first_step),
-        episode_ids=arrays.tensor(arrays.repeat_columns(arrays.engine(episode_ids), window.size)),
+        episode_ids=arrays.tensor(record_ids),
         steps=arrays.tensor(steps),
         valid=arrays.tensor(valid),
         is_init=arrays.tensor(is_init),

@@ -1,0 +1,230 @@
+"""Gathering: what a draw and its expansion describe, as batches on the learner's device.
+
+`chunk_batch` and `window_batch` read the records out of the ring and assemble a `Batch` or a
+`WindowBatch`. Every tensor of a new batch owns its memory. With ``out=`` (a batch the caller
+owns, from an earlier call of the same shape) everything is written into it instead, so a
+training loop's steady state allocates nothing. With CPU storage and a CUDA target, records
+are gathered into pinned host buffers kept between calls and copied ``non_blocking``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+import torch
+
+from lucid_replay import arrays
+from lucid_replay.arrays import Array
+from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
+from lucid_replay.errors import must, must_have, wrong_kind
+from lucid_replay.sampling import Anchors
+from lucid_replay.schema import Schema
+from lucid_replay.storage import TransitionRing
+from lucid_replay.table import EpisodeTable
+from lucid_replay.window import RecordArrays, Records, Window, layout
+
+__all__: list[str] = []  # internal module
+
+_Reader = Callable[[Mapping[str, torch.Tensor] | None], dict[str, torch.Tensor]]
+
+
+def chunk_batch(
+    ring: TransitionRing,
+    table: EpisodeTable,
+    anchors: Anchors,
+    length: int,
+    target: torch.device,
+    out: Batch | None = None,
+) -> Batch:
+    """``B`` chunks of ``length`` steps starting at ``anchors``, on ``target`` (or in ``out``).
+
+    With ``anchors.weights`` (a prioritized draw) the result is a `PrioritizedBatch`.
+    """
+    first = table.start[anchors.rows] + anchors.steps
+    record = layout(Window(length), ring.device).record
+
+    def offsets_at(positions: Array | None) -> Array:  # only across the ring's seam
+        every = arrays.engine(first.unsqueeze(1) + record)
+        return every if positions is None else every.reshape(-1)[positions]
+
+    def read(into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        return ring.gather_runs(first, length, 1, offsets_at, None, table.oldest_offset, into)
+
+    shape = (int(first.shape[0]), length)
+    data = gather(ring, shape, target, read, None if out is None else out.data)
+    if out is not None:
+        out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
+        out.starts.copy_(anchors.steps, non_blocking=True)
+        if isinstance(out, PrioritizedBatch) and anchors.weights is not None:
+            out.indices.copy_(anchors.episode_ids, non_blocking=True)
+            out.weights.copy_(anchors.weights, non_blocking=True)
+        return out
+    episode_ids, starts = anchors.episode_ids.to(target), anchors.steps.to(target)
+    if anchors.weights is None:
+        return Batch(data, episode_ids, starts)
+    return PrioritizedBatch(
+        data=data,
+        episode_ids=episode_ids,
+        starts=starts,
+        indices=episode_ids.clone(),
+        weights=anchors.weights.to(target),
+    )
+
+
+def window_batch(
+    ring: TransitionRing,
+    table: EpisodeTable,
+    anchors: Anchors,
+    records: Records,
+    window: Window,
+    target: torch.device,
+    out: WindowBatch | None = None,
+) -> WindowBatch:
+    """The `WindowBatch` of ``records`` (expanded from ``anchors``), on ``target``.
+
+    With ``out``, its tensors receive everything (``records`` may already be views of them,
+    see `record_arrays`) and ``out`` is returned.
+    """
+
+    def read(into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        return ring.gather_runs(
+            records.first_offsets,
+            window.size,
+            window.dilation,
+            records.offsets_at,
+            records.valid if records.clamped else None,  # the records that were not clamped
+            table.oldest_offset,
+            into,
+        )
+
+    shape = tuple(records.valid.shape)
+    per_record = layout(window, target)
+    data = gather(ring, (shape[0], shape[1]), target, read, None if out is None else out.data)
+    if out is not None:
+        entries = {
+            "validity_mask": records.valid,
+            "is_init": records.is_init,
+            "terminal": records.terminal,
+            "record_episode_ids": records.episode_ids,
+            "record_steps": records.steps,
+        }
+        for name, values in entries.items():
+            destination = getattr(out, name)
+            if values.data_ptr() != destination.data_ptr():  # not expanded into it already
+                destination.copy_(values, non_blocking=True)
+        out.learning_mask.copy_(per_record.learning_mask.expand(shape))  # the caller may
+        out.step_in_sequence.copy_(per_record.record.expand(shape))  # have edited them
+        out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
+        out.anchor_steps.copy_(anchors.steps, non_blocking=True)
+        if out.weights is not None and anchors.weights is not None:
+            out.weights.copy_(anchors.weights, non_blocking=True)
+        return out
+    return WindowBatch(
+        data=data,
+        learning_mask=per_record.learning_mask.expand(shape).contiguous(),  # owned, not the cache
+        validity_mask=records.valid.to(target),
+        is_init=records.is_init.to(target),
+        terminal=records.terminal.to(target),
+        record_episode_ids=records.episode_ids.to(target),
+        record_steps=records.steps.to(target),
+        step_in_sequence=per_record.record.expand(shape).contiguous(),
+        episode_ids=anchors.episode_ids.to(target),
+        anchor_steps=anchors.steps.to(target),
+        weights=None if anchors.weights is None else anchors.weights.to(target),
+    )
+
+
+def record_arrays(out: WindowBatch | None, storage: torch.device) -> RecordArrays | None:
+    """``out``'s per-record tensors for `window.expand` to write into, if on ``storage``."""
+    if out is None or out.validity_mask.device != storage:
+        return None
+    return RecordArrays(
+        steps=arrays.engine(out.record_steps),
+        valid=arrays.engine(out.validity_mask),
+        is_init=arrays.engine(out.is_init),
+        terminal=arrays.engine(out.terminal),
+        episode_ids=arrays.engine(out.record_episode_ids),
+    )
+
+
+def gather(
+    ring: TransitionRing,
+    shape: tuple[int, int],
+    device: torch.device,
+    read: _Reader,
+    out: Mapping[str, torch.Tensor] | None = None,
+) -> Mapping[str, torch.Tensor]:
+    """Run ``read`` (it fills ``[B, W, *field_shape]`` tensors) so its records land on ``device``.
+
+    With CPU storage and a CUDA target the records are gathered into pinned host memory,
+    kept between calls of the same shape, and copied with ``non_blocking=True``, so the copy
+    overlaps whatever the learner's stream is doing. ``out`` receives the records if given.
+    """
+    if ring.device == device:
+        return MappingProxyType(read(out))
+    if ring.device.type == "cpu" and device.type == "cuda":
+        host = read(ring.pinned(shape, device))
+        if out is None:
+            moved = {k: v.to(device, non_blocking=True) for k, v in host.items()}
+        else:
+            moved = {k: out[k].copy_(v, non_blocking=True) for k, v in host.items()}
+        ring.record_copies(device)
+        return MappingProxyType(moved)
+    host = read(None)
+    if out is None:
+        return MappingProxyType({k: v.to(device) for k, v in host.items()})
+    return MappingProxyType({k: out[k].copy_(v) for k, v in host.items()})
+
+
+def check_out(
+    out: object,
+    kind: type,
+    shape: tuple[int, int],
+    schema: Schema | None,
+    device: torch.device,
+    *,
+    weights: bool,
+) -> None:
+    """Refuse an ``out`` batch that cannot receive a draw of ``shape`` records on ``device``.
+
+    It must be a ``kind`` (a `PrioritizedBatch` for a prioritized chunk draw; a `WindowBatch`
+    with weights for a prioritized window draw) whose tensors have the draw's shapes, dtypes
+    and device and are contiguous: in practice, a batch an earlier call of the same shape
+    returned.
+    """
+    if not isinstance(out, kind) or (kind is Batch and isinstance(out, PrioritizedBatch)):
+        want = kind.__name__ if kind is not Batch else "Batch (not a PrioritizedBatch)"
+        raise wrong_kind("out", f"a {want} to overwrite", type(out).__name__)
+    assert isinstance(out, Batch | WindowBatch)
+    if schema is None or set(out.data) != set(schema):
+        raise must("out", f"a batch of the fields {sorted(schema or {})}", sorted(out.data))
+    expected = {name: ((*shape, *spec[0]), spec[1]) for name, spec in schema.items()}
+    batch_size = shape[0]
+    if isinstance(out, WindowBatch):
+        expected.update(
+            {name: (shape, torch.bool) for name in ("learning_mask", "validity_mask", "is_init")}
+        )
+        expected["terminal"] = (shape, torch.bool)
+        for name in ("record_episode_ids", "record_steps", "step_in_sequence"):
+            expected[name] = (shape, torch.int64)
+        expected["episode_ids"] = expected["anchor_steps"] = ((batch_size,), torch.int64)
+    else:
+        expected["episode_ids"] = expected["starts"] = ((batch_size,), torch.int64)
+        if isinstance(out, PrioritizedBatch):
+            expected["indices"] = ((batch_size,), torch.int64)
+    has_weights = getattr(out, "weights", None) is not None
+    if has_weights != weights:
+        rule = "a batch with importance weights" if weights else "a batch without weights"
+        raise must_have("out", f"{rule}, as this draw", "the other kind")
+    if weights:
+        expected["weights"] = ((batch_size,), torch.float32)
+    for name, (want_shape, dtype) in expected.items():
+        tensor = out.data[name] if name in out.data else getattr(out, name)
+        got = (tuple(tensor.shape), tensor.dtype, tensor.device)
+        if got != (want_shape, dtype, device) or not tensor.is_contiguous():
+            raise must_have(
+                f"out[{name!r}]" if name in out.data else f"out.{name}",
+                f"a contiguous {dtype} tensor of shape {want_shape} on {device}",
+                f"{got[1]} {got[0]} on {got[2]}",
+            )
