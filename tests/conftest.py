@@ -77,3 +77,36 @@ def assert_refused(buffer, call, error: type[BaseException], match: str) -> None
     with pytest.raises(error, match=match):
         call()
     assert snapshot(buffer) == before
+
+
+# ------------------------------------------------------------------- the standard buffer
+
+F, T = False, True
+
+# One window shape for every hand-computed table: records target t-4, t-2, t, t+2, t+4
+# (W = 5); the learning records are k = 2, 3.
+TABLE_WINDOW = {"length": 2, "burn_in": 2, "bootstrap": 1, "dilation": 2}
+
+# The anchors of the hand-computed tables (episode id, step): (2, 1), (0, 3), (1, 0), (2, 4).
+ANCHOR_IDS = [2, 0, 1, 2]
+ANCHOR_STEPS = [1, 3, 0, 4]
+
+
+def standard_buffer(
+    buffer_type: type[lucid_replay.SequenceReplay] = lucid_replay.SequenceReplay,
+    capacity: int = 100,
+    **kwargs: object,
+) -> lucid_replay.SequenceReplay:
+    """Episodes of lengths [4, 2, 6] (ids 0, 1, 2; the second terminated) whose steps carry
+    serials ``100 * (id + 1) + step``: global offsets 0..3, 4..5 and 6..11, nothing evicted
+    (at the default capacity)."""
+    buffer = buffer_type(capacity=capacity, **kwargs)
+    buffer.add(make_episode(4, first_serial=100))
+    buffer.add(make_episode(2, terminated=True, first_serial=200))
+    buffer.add(make_episode(6, first_serial=300))
+    return buffer
+
+
+def stored(buffer: lucid_replay.SequenceReplay, episode_id: int, name: str = "serial") -> list:
+    """The stored values of field ``name`` of episode ``episode_id``, as a list."""
+    return buffer[episode_id][name].tolist()

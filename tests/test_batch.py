@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from conftest import cuda, make_episode
+from conftest import TABLE_WINDOW, F, T, cuda, make_episode, standard_buffer, stored
 
 from lucid_replay import (
     Batch,
@@ -32,12 +32,7 @@ from lucid_replay import (
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
 
-F, T = False, True
 PREFETCH_THREAD = "lucid_replay-prefetch"
-
-# Records target t-4, t-2, t, t+2, t+4 (W = 5); learning records are k = 2, 3.
-TABLE_WINDOW = {"length": 2, "burn_in": 2, "bootstrap": 1, "dilation": 2}
-
 
 # The [B, W] entries of a WindowBatch besides its data.
 PER_RECORD = (
@@ -51,24 +46,12 @@ PER_RECORD = (
 )
 
 
-def _standard_buffer(buffer_type=SequenceReplay, capacity=100, **kwargs):
-    buffer = buffer_type(capacity=capacity, **kwargs)
-    buffer.add(make_episode(4, first_serial=100))
-    buffer.add(make_episode(2, terminated=True, first_serial=200))
-    buffer.add(make_episode(6, first_serial=300))
-    return buffer
-
-
-def _stored(buffer, episode_id, name="serial"):
-    return buffer[episode_id][name].tolist()
-
-
 # ------------------------------------------------------------------ WindowBatch structure
 
 
 def test_window_batch_getitem_is_the_data_field():
     """batch[name] is batch.data[name], [B, W, *field_shape]."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     batch = buffer.gather_windows([0, 2], [1, 3], Window(2, burn_in=1))
     for name in ("serial", "obs", "done"):
         assert batch[name] is batch.data[name]
@@ -79,7 +62,7 @@ def test_window_batch_getitem_is_the_data_field():
 
 def test_window_batch_flat_keys_shapes_and_sequence_id():
     """flat() holds every data field, every per-record entry and sequence_id, all [B*W, ...]."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     batch = buffer.gather_windows(
         [2, 0, 1], [1, 3, 0], Window(**TABLE_WINDOW, boundary="include_reset")
     )
@@ -103,7 +86,7 @@ def test_window_batch_flat_keys_shapes_and_sequence_id():
 
 def test_window_batch_to_cpu_returns_equal_tensors():
     """to('cpu') returns a WindowBatch whose every tensor equals the original; weights kept."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, seed=0)
+    buffer = standard_buffer(PrioritizedSequenceReplay, seed=0)
     for batch in (
         buffer.gather_windows([0, 2], [1, 3], Window(2, burn_in=1)),
         buffer.sample_windows(4, Window(2, burn_in=1)),
@@ -123,7 +106,7 @@ def test_window_batch_to_cpu_returns_equal_tensors():
 
 def test_batch_and_prioritized_batch_to_keep_their_class_and_values():
     """Batch.to and PrioritizedBatch.to return the same class with equal tensors."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, seed=3)
+    buffer = standard_buffer(PrioritizedSequenceReplay, seed=3)
     uniform = buffer.sample(5, 2)
     assert type(uniform) is Batch
     moved = uniform.to("cpu")
@@ -162,7 +145,7 @@ ROUTING_ERRORS = [
 
 
 def _routing_buffer():
-    buffer = _standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
+    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
     window = Window(**TABLE_WINDOW, boundary="include_reset")
     batch = buffer.gather_windows(ROUTING_IDS, ROUTING_STEPS, window)
     return buffer, batch
@@ -213,7 +196,7 @@ def test_update_priorities_from_per_window_errors_are_used_as_they_are():
 
 def test_update_priorities_from_never_routes_to_episodes_reached_through_include_reset():
     """Episodes only reached through include_reset records keep their priority."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
+    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
     # Anchor (1, 0) reaches episodes 0 and 2 through its records; only episode 1 is updated.
     batch = buffer.gather_windows([1], [0], Window(**TABLE_WINDOW, boundary="include_reset"))
     assert batch.record_episode_ids.tolist() == [[0, 0, 1, 2, 2]]
@@ -267,7 +250,7 @@ def test_update_priorities_from_accepts_eta_0_and_1():
 
 def test_update_priorities_from_skips_evicted_episodes():
     """Windows of episodes evicted since the draw are skipped and not counted."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, capacity=12, epsilon=0.25, seed=0)
+    buffer = standard_buffer(PrioritizedSequenceReplay, capacity=12, epsilon=0.25, seed=0)
     batch = buffer.gather_windows([0, 2], [0, 0], Window(1))
     buffer.add(make_episode(4))  # evicts episode 0; episode 3 reuses its ring slots
     assert list(buffer.episode_ids) == [1, 2, 3]
@@ -306,20 +289,20 @@ def _write_values(batch_size=4, window_size=5):
 
 def test_write_back_writes_valid_records_only():
     """Values land at valid records' (episode, step); invalid (clamped) records are skipped."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     batch = buffer.gather_windows(WRITE_IDS, WRITE_STEPS, Window(**TABLE_WINDOW))
     obs_before = [buffer[e]["obs"].clone() for e in range(3)]
     assert buffer.write_back(batch, "serial", _write_values()) == 9
-    assert _stored(buffer, 0) == [100, 9006, 102, 9007]
-    assert _stored(buffer, 1) == [9012, 201]  # step 1 only reached by invalid records
-    assert _stored(buffer, 2) == [9015, 9002, 9016, 9003, 9017, 9004]
+    assert stored(buffer, 0) == [100, 9006, 102, 9007]
+    assert stored(buffer, 1) == [9012, 201]  # step 1 only reached by invalid records
+    assert stored(buffer, 2) == [9015, 9002, 9016, 9003, 9017, 9004]
     for e in range(3):
         assert torch.equal(buffer[e]["obs"], obs_before[e])
 
 
 def test_write_back_with_include_reset_writes_records_of_neighbouring_episodes():
     """Valid include_reset records in other episodes are written at their own (episode, step)."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     # Anchor (1, 0): records ep 0 s0, ep 0 s2, ep 1 s0, ep 2 s0, ep 2 s2, all valid.
     batch = buffer.gather_windows([1], [0], Window(**TABLE_WINDOW, boundary="include_reset"))
     values = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0], [9.0, 10.0]]])
@@ -331,21 +314,21 @@ def test_write_back_with_include_reset_writes_records_of_neighbouring_episodes()
 
 def test_write_back_skips_episodes_evicted_since_the_draw():
     """Records of evicted episodes are skipped, uncounted; their slots' new owner is untouched."""
-    buffer = _standard_buffer(capacity=12)
+    buffer = standard_buffer(capacity=12)
     batch = buffer.gather_windows([0, 2], [1, 2], Window(2, burn_in=1))
     # (0, 1): steps 0, 1, 2 valid; (2, 2): steps 1, 2, 3 valid.
     newcomer = buffer.add(make_episode(4, first_serial=500))  # takes episode 0's ring slots
     assert list(buffer.episode_ids) == [1, 2, 3]
     values = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int64)
     assert buffer.write_back(batch, "serial", values) == 3
-    assert _stored(buffer, newcomer) == [500, 501, 502, 503]
-    assert _stored(buffer, 2) == [300, 4, 5, 6, 304, 305]
-    assert _stored(buffer, 1) == [200, 201]
+    assert stored(buffer, newcomer) == [500, 501, 502, 503]
+    assert stored(buffer, 2) == [300, 4, 5, 6, 304, 305]
+    assert stored(buffer, 1) == [200, 201]
 
 
 def test_write_back_stores_values_not_an_autograd_graph():
     """Values computed with grad are stored as data: later batches do not require grad."""
-    buffer = _standard_buffer(seed=0)
+    buffer = standard_buffer(seed=0)
     batch = buffer.gather_windows(WRITE_IDS, WRITE_STEPS, Window(**TABLE_WINDOW))
     scale = torch.tensor(2.0, requires_grad=True)
     assert buffer.write_back(batch, "obs", batch["obs"] * scale) == 9
@@ -391,14 +374,14 @@ def test_write_back_stores_values_not_an_autograd_graph():
 )
 def test_write_back_refuses_bad_values_and_changes_nothing(name, values, error, message):
     """Wrong dtype -> TypeError; wrong shape or unknown field -> ValueError; nothing written."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     batch = buffer.gather_windows(WRITE_IDS, WRITE_STEPS, Window(**TABLE_WINDOW))
     with pytest.raises(error, match=message) as caught:
         buffer.write_back(batch, name, values)
     builtin = TypeError if error in (SchemaDtypeError, TypeError) else ValueError
     assert isinstance(caught.value, builtin)
-    assert _stored(buffer, 0) == [100, 101, 102, 103]
-    assert _stored(buffer, 2) == [300, 301, 302, 303, 304, 305]
+    assert stored(buffer, 0) == [100, 101, 102, 103]
+    assert stored(buffer, 2) == [300, 301, 302, 303, 304, 305]
 
 
 # --------------------------------------------------------------------------- iterate
@@ -421,7 +404,7 @@ def _wait_until_stopped(threads, timeout=5.0):
 
 def test_iterate_yields_window_batches_of_the_right_shape():
     """iterate() yields WindowBatches of [B, W] records, drawn like sample_windows."""
-    buffer = _standard_buffer(seed=0)
+    buffer = standard_buffer(seed=0)
     window = Window(2, burn_in=1, bootstrap=1)
     batches = buffer.iterate(3, window, prefetch=2)
     try:
@@ -439,7 +422,7 @@ def test_iterate_yields_window_batches_of_the_right_shape():
 def test_iterate_thread_stops_when_the_generator_is_closed():
     """Closing the iterator after use ends the prefetch thread."""
     before = _prefetch_threads()
-    buffer = _standard_buffer(seed=0)
+    buffer = standard_buffer(seed=0)
     batches = buffer.iterate(2, Window(1), prefetch=1)
     next(batches)
     started = _prefetch_threads(exclude=before)
@@ -451,7 +434,7 @@ def test_iterate_thread_stops_when_the_generator_is_closed():
 def test_iterate_thread_stops_when_closed_before_the_first_batch():
     """Closing the iterator before taking any batch also ends the prefetch thread."""
     before = _prefetch_threads()
-    buffer = _standard_buffer(seed=0)
+    buffer = standard_buffer(seed=0)
     batches = buffer.iterate(2, Window(1), prefetch=1)
     started = _prefetch_threads(exclude=before)
     try:
@@ -519,7 +502,7 @@ def test_iterate_worker_errors_surface_in_the_consumer():
 
 def test_iterate_validates_its_arguments_eagerly():
     """batch_size, prefetch and window are checked when iterate() is called, before any thread."""
-    buffer = _standard_buffer(seed=0)
+    buffer = standard_buffer(seed=0)
     before = _prefetch_threads()
     with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got 0$"):
         buffer.iterate(0, Window(1))
@@ -532,7 +515,7 @@ def test_iterate_validates_its_arguments_eagerly():
 
 def test_iterate_on_a_prioritized_buffer_yields_weights():
     """On a PrioritizedSequenceReplay iterate() draws by priority (weights present)."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, seed=0)
+    buffer = standard_buffer(PrioritizedSequenceReplay, seed=0)
     batches = buffer.iterate(4, Window(2))
     try:
         batch = next(batches)
@@ -549,8 +532,8 @@ def test_iterate_on_a_prioritized_buffer_yields_weights():
 @cuda
 def test_cpu_storage_to_cuda_target_gives_cuda_tensors_equal_to_the_cpu_draw():
     """CPU storage, device='cuda': sample / sample_windows / gather_windows land on CUDA."""
-    on_cpu = _standard_buffer(PrioritizedSequenceReplay, seed=9)
-    to_cuda = _standard_buffer(PrioritizedSequenceReplay, seed=9)
+    on_cpu = standard_buffer(PrioritizedSequenceReplay, seed=9)
+    to_cuda = standard_buffer(PrioritizedSequenceReplay, seed=9)
     window = Window(2, burn_in=2, bootstrap=1, dilation=2, boundary="include_reset")
 
     expected, got = on_cpu.sample(6, 2), to_cuda.sample(6, 2, device="cuda")
@@ -586,7 +569,7 @@ def test_cpu_storage_to_cuda_target_gives_cuda_tensors_equal_to_the_cpu_draw():
 @cuda
 def test_cuda_storage_end_to_end():
     """Storage on CUDA: sample, sample_windows, update_priorities_from and write_back all work."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0, device="cuda")
+    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0, device="cuda")
     assert buffer.device.type == "cuda"
     chunks = buffer.sample(4, 2)
     assert chunks["obs"].is_cuda and chunks.starts.is_cuda
@@ -603,8 +586,8 @@ def test_cuda_storage_end_to_end():
 
     pad = buffer.gather_windows(WRITE_IDS, WRITE_STEPS, Window(**TABLE_WINDOW))
     assert buffer.write_back(pad, "serial", _write_values().cuda()) == 9
-    assert _stored(buffer, 0) == [100, 9006, 102, 9007]
-    assert _stored(buffer, 2) == [9015, 9002, 9016, 9003, 9017, 9004]
+    assert stored(buffer, 0) == [100, 9006, 102, 9007]
+    assert stored(buffer, 2) == [9015, 9002, 9016, 9003, 9017, 9004]
 
     batches = buffer.iterate(2, Window(1))
     try:

@@ -14,6 +14,7 @@ import pytest
 import scipy.stats
 import torch
 from conftest import assert_refused, make_episode
+from stats import ACCEPT, REJECT, chi_square_pvalue
 
 from lucid_replay import (
     InvalidArgumentError,
@@ -26,8 +27,6 @@ from lucid_replay import (
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
 
-ACCEPT = 1e-3  # fixed seeds: a pass is a pass; this only sets how lucky a seed had to be
-REJECT = 1e-6
 DRAWS = 20_000
 EPSILON = 1e-6
 
@@ -90,15 +89,6 @@ def _joint_counts(batch, ids: list[int], anchors: np.ndarray) -> np.ndarray:
     assert (starts >= 0).all() and (starts < anchors[position]).all()
     offsets = np.concatenate([[0], np.cumsum(anchors)])[:-1]
     return np.bincount(offsets[position] + starts, minlength=int(anchors.sum()))
-
-
-def _pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
-    """Chi-square goodness of fit; cells of probability zero must be empty."""
-    observed, probs = np.asarray(observed), np.asarray(probs)
-    possible = probs > 0
-    assert observed[~possible].sum() == 0, "a zero-probability cell was drawn"
-    expected = probs[possible] / probs[possible].sum() * observed.sum()
-    return float(scipy.stats.chisquare(observed[possible], expected).pvalue)
 
 
 def _episode_counts(batch, ids: list[int]) -> np.ndarray:
@@ -192,16 +182,22 @@ def test_prioritized_distribution_matches_spec(unit: str, alpha: float) -> None:
     expected = _episode_probs(LENGTHS, priorities, 3, alpha, unit)
     episodes = _episode_counts(batch, ids)
     joint = _joint_counts(batch, ids, anchors)
-    assert _pvalue(episodes, expected) > ACCEPT
-    assert _pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT
+    assert chi_square_pvalue(episodes, expected) > ACCEPT
+    assert chi_square_pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT
     # Power: the other unit's formula, another alpha, and an off-by-one n_e are all rejected.
     other_unit = "episode" if unit == "chunk" else "chunk"
     other_alpha = {0.0: 0.6, 0.6: 1.0, 1.0: 0.6}[alpha]
-    assert _pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, alpha, other_unit)) < REJECT
-    assert _pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, other_alpha, unit)) < REJECT
+    assert (
+        chi_square_pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, alpha, other_unit))
+        < REJECT
+    )
+    assert (
+        chi_square_pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, other_alpha, unit))
+        < REJECT
+    )
     if unit == "chunk":
         off_by_one = _episode_probs(LENGTHS, priorities, 4, alpha, unit)  # n_e = T - L
-        assert _pvalue(episodes, off_by_one) < REJECT
+        assert chi_square_pvalue(episodes, off_by_one) < REJECT
 
 
 @pytest.mark.statistical
@@ -212,10 +208,10 @@ def test_start_within_an_episode_is_uniform() -> None:
     starts = batch.starts.numpy()[batch.indices.numpy() == ids[0]]
     counts = np.bincount(starts, minlength=10)
     assert len(counts) == 10  # never past the last start T - L
-    assert _pvalue(counts, np.full(10, 0.1)) > ACCEPT
+    assert chi_square_pvalue(counts, np.full(10, 0.1)) > ACCEPT
     # Power: the last start at half or double the others' probability is rejected.
-    assert _pvalue(counts, np.r_[np.full(9, 1.0), 0.5]) < REJECT
-    assert _pvalue(counts, np.r_[np.full(9, 1.0), 2.0]) < REJECT
+    assert chi_square_pvalue(counts, np.r_[np.full(9, 1.0), 0.5]) < REJECT
+    assert chi_square_pvalue(counts, np.r_[np.full(9, 1.0), 2.0]) < REJECT
 
 
 @pytest.mark.statistical
@@ -230,13 +226,13 @@ def test_alpha_zero_is_the_uniform_buffers_distribution(unit: str) -> None:
     by_uniform = _joint_counts(uniform.sample(DRAWS, 3), ids, anchors)
     uniform_episode = anchors if unit == "chunk" else (anchors > 0).astype(float)
     uniform_joint = _joint_probs(uniform_episode / uniform_episode.sum(), anchors)
-    assert _pvalue(by_priority, uniform_joint) > ACCEPT
-    assert _pvalue(by_uniform, uniform_joint) > ACCEPT
+    assert chi_square_pvalue(by_priority, uniform_joint) > ACCEPT
+    assert chi_square_pvalue(by_uniform, uniform_joint) > ACCEPT
     table = np.stack([by_priority, by_uniform])
     assert scipy.stats.chi2_contingency(table[:, table.sum(0) > 0]).pvalue > ACCEPT
     # Power: the priorities (which alpha = 0 must ignore) would be detected.
     weighted = _episode_probs(LENGTHS, _priorities(ERRORS), 3, 1.0, unit)
-    assert _pvalue(by_priority, _joint_probs(weighted, anchors)) < REJECT
+    assert chi_square_pvalue(by_priority, _joint_probs(weighted, anchors)) < REJECT
 
 
 @pytest.mark.statistical
@@ -249,9 +245,9 @@ def test_sample_stays_uniform_on_a_prioritized_buffer(unit: str) -> None:
     assert not isinstance(batch, PrioritizedBatch)
     joint = _joint_counts(batch, ids, anchors)
     uniform = anchors if unit == "chunk" else (anchors > 0).astype(float)
-    assert _pvalue(joint, _joint_probs(uniform / uniform.sum(), anchors)) > ACCEPT
+    assert chi_square_pvalue(joint, _joint_probs(uniform / uniform.sum(), anchors)) > ACCEPT
     weighted = _episode_probs(LENGTHS, _priorities(ERRORS), 3, 1.0, unit)
-    assert _pvalue(joint, _joint_probs(weighted, anchors)) < REJECT
+    assert chi_square_pvalue(joint, _joint_probs(weighted, anchors)) < REJECT
 
 
 @pytest.mark.statistical
@@ -282,11 +278,11 @@ def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
         expected = _episode_probs(lengths, priorities, length, alpha, unit)
         batch = buffer.sample_prioritized(DRAWS, length)
         joint = _joint_counts(batch, ids, anchors)
-        assert _pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT, f"phase {phase}"
+        assert chi_square_pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT, f"phase {phase}"
         if errors is not None:
             # Power: a tree left at the previous priorities would be rejected.
             before = _episode_probs(lengths, stale, length, alpha, unit)
-            assert _pvalue(_episode_counts(batch, ids), before) < REJECT, f"phase {phase}"
+            assert chi_square_pvalue(_episode_counts(batch, ids), before) < REJECT, f"phase {phase}"
 
 
 # ------------------------------------------------------------------------------ weights
@@ -490,8 +486,8 @@ def test_evicted_id_never_touches_the_episode_now_in_its_row() -> None:
     # The sum tree agrees: p = [2, 1] with alpha = 1, not [2, 1000].
     batch = buffer.sample_prioritized(4_000, 2)
     counts = _episode_counts(batch, [newest - 1, newest])
-    assert _pvalue(counts, [2 / 3, 1 / 3]) > ACCEPT
-    assert _pvalue(counts, [2 / 1002, 1000 / 1002]) < REJECT
+    assert chi_square_pvalue(counts, [2 / 3, 1 / 3]) > ACCEPT
+    assert chi_square_pvalue(counts, [2 / 1002, 1000 / 1002]) < REJECT
 
 
 def test_update_priorities_refuses_never_issued_ids_atomically() -> None:
@@ -694,7 +690,7 @@ def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
 # ------------------------------------------------------------------ extreme priorities
 def _two_episode_pvalue(buffer, ids, probs, draws=DRAWS) -> float:
     batch = buffer.sample_prioritized(draws, 3)
-    return _pvalue(_episode_counts(batch, ids), probs)
+    return chi_square_pvalue(_episode_counts(batch, ids), probs)
 
 
 @pytest.mark.statistical

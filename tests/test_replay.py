@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import make_episode
 from scipy import stats as scipy_stats
+from stats import chi_square_pvalue
 
 from lucid_replay import (
     Batch,
@@ -250,11 +251,6 @@ def _cells_and_models(lengths: dict[int, int]) -> tuple[list, np.ndarray, np.nda
     return cells, per_chunk, per_episode
 
 
-def _p_value(observed: np.ndarray, probabilities: np.ndarray) -> float:
-    expected = probabilities / probabilities.sum() * observed.sum()
-    return float(scipy_stats.chisquare(observed, expected).pvalue)
-
-
 @pytest.mark.statistical
 def test_chunk_unit_draws_every_chunk_uniformly():
     """`unit="chunk"`: each (episode, start) window inside an episode is equally likely."""
@@ -262,15 +258,15 @@ def test_chunk_unit_draws_every_chunk_uniformly():
     cells, per_chunk, per_episode = _cells_and_models(lengths)
     assert len(cells) == 1 + 3 + 6 + 11
     observed = _chunk_counts(buffer, cells)
-    assert _p_value(observed, per_chunk) > 1e-3
+    assert chi_square_pvalue(observed, per_chunk) > 1e-3
     # The test has power: the episode-uniform law, a law proportional to T (uniform over
     # transitions rather than chunks), and even a 10% mixture of the episode-uniform law are
     # all rejected by the same counts.
-    assert _p_value(observed, per_episode) < 1e-12
+    assert chi_square_pvalue(observed, per_episode) < 1e-12
     per_transition = np.array([lengths[e] / (lengths[e] - STAT_LENGTH + 1) for e, _ in cells])
-    assert _p_value(observed, per_transition) < 1e-12
+    assert chi_square_pvalue(observed, per_transition) < 1e-12
     mixture = 0.9 * per_chunk + 0.1 * per_episode
-    assert _p_value(observed, mixture) < 1e-3
+    assert chi_square_pvalue(observed, mixture) < 1e-3
 
 
 @pytest.mark.statistical
@@ -279,7 +275,7 @@ def test_episode_unit_draws_eligible_episodes_then_starts_uniformly():
     buffer, lengths = _stat_buffer("episode", seed=12)
     cells, per_chunk, per_episode = _cells_and_models(lengths)
     observed = _chunk_counts(buffer, cells)
-    assert _p_value(observed, per_episode) > 1e-3
+    assert chi_square_pvalue(observed, per_episode) > 1e-3
     # Marginals: episodes uniform among the 4 eligible ones, starts uniform within each.
     by_episode = Counter()
     for (episode_id, _), count in zip(cells, observed, strict=True):
@@ -288,8 +284,8 @@ def test_episode_unit_draws_eligible_episodes_then_starts_uniformly():
     episode_counts = np.array([by_episode[e] for e in eligible])
     assert scipy_stats.chisquare(episode_counts).pvalue > 1e-3
     # Power: the chunk-uniform law and a 10% mixture of it are rejected.
-    assert _p_value(observed, per_chunk) < 1e-12
-    assert _p_value(observed, 0.9 * per_episode + 0.1 * per_chunk) < 1e-3
+    assert chi_square_pvalue(observed, per_chunk) < 1e-12
+    assert chi_square_pvalue(observed, 0.9 * per_episode + 0.1 * per_chunk) < 1e-3
 
 
 # -------------------------------------------------------------------------- determinism
