@@ -110,3 +110,22 @@ def standard_buffer(
 def stored(buffer: lucid_replay.SequenceReplay, episode_id: int, name: str = "serial") -> list:
     """The stored values of field ``name`` of episode ``episode_id``, as a list."""
     return buffer[episode_id][name].tolist()
+
+
+NAN, INF = float("nan"), float("inf")
+
+# Priority routing over TABLE_WINDOW with boundary="include_reset". Records of the anchors
+# (2, 4), (0, 3), (1, 0), (2, 1):
+#   (2, 4): episodes [2, 2, 2, 2, 2], valid [T, T, T, F, F]  -> counted k = 2
+#   (0, 3): episodes [0, 0, 0, 1, 2], valid [F, T, T, T, T]  -> counted k = 2 (k = 3 is ep 1)
+#   (1, 0): episodes [0, 0, 1, 2, 2], valid [T, T, T, T, T]  -> counted k = 2 (k = 3 is ep 2)
+#   (2, 1): episodes [0, 1, 2, 2, 2], valid [T, T, T, T, T]  -> counted k = 2, 3
+# The mixes below are those of eta = 0.75.
+ROUTING_IDS = [2, 0, 1, 2]
+ROUTING_STEPS = [4, 3, 0, 1]
+ROUTING_ERRORS = [
+    [0.0, 0.0, 4.0, NAN, 0.0],  # only 4.0 counts              -> 4.0
+    [INF, 5.0, 0.5, 100.0, NAN],  # 5.0 burn-in, 100.0 episode 1 -> 0.5
+    [7.0, 7.0, -1.5, 9.0, 8.0],  # 9.0 belongs to episode 2   -> 1.5
+    [NAN, INF, -3.0, 1.0, NAN],  # max 3, mean 2              -> 0.75*3 + 0.25*2 = 2.75
+]

@@ -17,7 +17,18 @@ import time
 
 import pytest
 import torch
-from conftest import TABLE_WINDOW, F, T, cuda, make_episode, standard_buffer, stored
+from conftest import (
+    ROUTING_ERRORS,
+    ROUTING_IDS,
+    ROUTING_STEPS,
+    TABLE_WINDOW,
+    F,
+    T,
+    cuda,
+    make_episode,
+    standard_buffer,
+    stored,
+)
 
 from lucid_replay import (
     Batch,
@@ -124,149 +135,6 @@ def test_batch_and_prioritized_batch_to_keep_their_class_and_values():
         assert torch.equal(getattr(moved, name), getattr(prioritized, name)), name
     assert torch.equal(moved["serial"], prioritized["serial"])
     assert torch.equal(prioritized.indices, prioritized.episode_ids)
-
-
-# ---------------------------------------------------------------- update_priorities_from
-
-# include_reset records of the anchors (2, 4), (0, 3), (1, 0), (2, 1):
-#   (2, 4): episodes [2, 2, 2, 2, 2], valid [T, T, T, F, F]  -> counted k = 2
-#   (0, 3): episodes [0, 0, 0, 1, 2], valid [F, T, T, T, T]  -> counted k = 2 (k = 3 is ep 1)
-#   (1, 0): episodes [0, 0, 1, 2, 2], valid [T, T, T, T, T]  -> counted k = 2 (k = 3 is ep 2)
-#   (2, 1): episodes [0, 1, 2, 2, 2], valid [T, T, T, T, T]  -> counted k = 2, 3
-ROUTING_IDS = [2, 0, 1, 2]
-ROUTING_STEPS = [4, 3, 0, 1]
-NAN, INF = float("nan"), float("inf")
-ROUTING_ERRORS = [
-    [0.0, 0.0, 4.0, NAN, 0.0],  # only 4.0 counts              -> 4.0
-    [INF, 5.0, 0.5, 100.0, NAN],  # 5.0 burn-in, 100.0 episode 1 -> 0.5
-    [7.0, 7.0, -1.5, 9.0, 8.0],  # 9.0 belongs to episode 2   -> 1.5
-    [NAN, INF, -3.0, 1.0, NAN],  # max 3, mean 2              -> 0.75*3 + 0.25*2 = 2.75
-]
-
-
-def _routing_buffer():
-    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
-    window = Window(**TABLE_WINDOW, boundary="include_reset")
-    batch = buffer.gather_windows(ROUTING_IDS, ROUTING_STEPS, window)
-    return buffer, batch
-
-
-def test_update_priorities_from_applies_the_r2d2_mix_over_counted_records():
-    """eta*max|d| + (1-eta)*mean|d| over learning, valid, own-episode records; duplicates max."""
-    buffer, batch = _routing_buffer()
-    applied = buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=0.75)
-    assert applied == 3
-    # p = mix + epsilon: episode 0 -> 0.5, episode 1 -> 1.5, episode 2 -> max(4.0, 2.75).
-    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]
-    assert buffer.max_priority == 4.25
-
-
-def test_update_priorities_from_default_eta_is_0_9():
-    """The default eta is 0.9: max 3 and mean 2 give 0.9*3 + 0.1*2 = 2.9."""
-    buffer, batch = _routing_buffer()
-    errors = torch.tensor(ROUTING_ERRORS)
-    errors[0, 2] = 0.0  # episode 2's other window now mixes to 0
-    assert buffer.update_priorities_from(batch, errors) == 3
-    assert buffer.priorities.tolist() == pytest.approx([0.75, 1.75, 3.15])
-
-
-def test_update_priorities_from_non_finite_inside_the_mask_raises_and_updates_nothing():
-    """A NaN or inf on a counted record raises ValueError; no priority changes."""
-    for row, column, value in [(1, 2, NAN), (3, 3, INF), (0, 2, -INF)]:
-        buffer, batch = _routing_buffer()
-        errors = torch.tensor(ROUTING_ERRORS)
-        errors[row, column] = value
-        with pytest.raises(
-            ValueError,
-            match=r"^errors must be finite on valid learning records, got "
-            r"a NaN or infinite value$",
-        ):
-            buffer.update_priorities_from(batch, errors, eta=0.75)
-        assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
-        assert buffer.max_priority == 1.0
-
-
-def test_update_priorities_from_per_window_errors_are_used_as_they_are():
-    """[B] errors become the windows' priorities directly (|e| + epsilon, duplicates max)."""
-    buffer, batch = _routing_buffer()
-    # Windows of episodes [2, 0, 1, 2].
-    assert buffer.update_priorities_from(batch, [1.0, -2.0, 3.0, 0.5]) == 3
-    assert buffer.priorities.tolist() == [2.25, 3.25, 1.25]
-
-
-def test_update_priorities_from_never_routes_to_episodes_reached_through_include_reset():
-    """Episodes only reached through include_reset records keep their priority."""
-    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
-    # Anchor (1, 0) reaches episodes 0 and 2 through its records; only episode 1 is updated.
-    batch = buffer.gather_windows([1], [0], Window(**TABLE_WINDOW, boundary="include_reset"))
-    assert batch.record_episode_ids.tolist() == [[0, 0, 1, 2, 2]]
-    assert buffer.update_priorities_from(batch, [[50.0, 50.0, 2.0, 50.0, 50.0]]) == 1
-    assert buffer.priorities.tolist() == [1.0, 2.25, 1.0]
-
-
-def test_update_priorities_from_rejects_bad_shapes_and_batches():
-    """Errors not [B, W] or [B] raise ValueError; a non-WindowBatch raises TypeError."""
-    buffer, batch = _routing_buffer()
-    with pytest.raises(
-        ValueError, match=r"^errors must be of shape \(4, 5\) or \(4,\), got \(4, 4\)$"
-    ):
-        buffer.update_priorities_from(batch, torch.zeros(4, 4))
-    with pytest.raises(
-        ValueError, match=r"^errors must be of shape \(4, 5\) or \(4,\), got \(5,\)$"
-    ):
-        buffer.update_priorities_from(batch, torch.zeros(5))
-    with pytest.raises(TypeError, match=r"^batch must be a WindowBatch, got PrioritizedBatch$"):
-        buffer.update_priorities_from(buffer.sample_prioritized(4, 1), torch.zeros(4))
-    assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
-
-
-@pytest.mark.parametrize(
-    ("eta", "error", "message"),
-    [
-        (-0.1, ValueError, r"^eta must be >= 0\.0 and finite, got -0\.1$"),
-        (1.5, ValueError, r"^eta must be in \[0, 1\], got 1\.5$"),
-        (float("nan"), ValueError, r"^eta must be >= 0\.0 and finite, got nan$"),
-        ("0.5", TypeError, r"^eta must be a real number, got '0\.5'$"),
-    ],
-)
-def test_update_priorities_from_validates_eta(eta, error, message):
-    """eta outside [0, 1] (or not a real number) is refused and nothing is updated."""
-    buffer, batch = _routing_buffer()
-    with pytest.raises(error, match=message):
-        buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=eta)
-    assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
-
-
-def test_update_priorities_from_accepts_eta_0_and_1():
-    """eta=1 is the max alone, eta=0 the mean alone."""
-    buffer, batch = _routing_buffer()
-    buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=1.0)
-    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]  # episode 2: max(4, 3)
-    errors = torch.tensor(ROUTING_ERRORS)
-    errors[0, 2] = 0.0
-    buffer.update_priorities_from(batch, errors, eta=0.0)
-    assert buffer.priorities.tolist() == [0.75, 1.75, 2.25]  # episode 2: mean(3, 1)
-
-
-def test_update_priorities_from_skips_evicted_episodes():
-    """Windows of episodes evicted since the draw are skipped and not counted."""
-    buffer = standard_buffer(PrioritizedSequenceReplay, capacity=12, epsilon=0.25, seed=0)
-    batch = buffer.gather_windows([0, 2], [0, 0], Window(1))
-    buffer.add(make_episode(4))  # evicts episode 0; episode 3 reuses its ring slots
-    assert list(buffer.episode_ids) == [1, 2, 3]
-    assert buffer.update_priorities_from(batch, [[8.0], [2.0]]) == 1
-    assert buffer.priorities.tolist() == [1.0, 2.25, 1.0]
-    assert buffer.max_priority == 2.25
-
-
-def test_update_priorities_from_takes_values_of_grad_requiring_errors():
-    """TD errors that require grad set plain priorities: nothing of the graph is kept."""
-    buffer, batch = _routing_buffer()
-    scale = torch.tensor(1.0, requires_grad=True)
-    applied = buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS) * scale, eta=0.75)
-    assert applied == 3
-    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]
-    assert not buffer.priorities.requires_grad
 
 
 # ------------------------------------------------------------------------- write_back
@@ -594,21 +462,6 @@ def test_cuda_storage_end_to_end():
         assert next(batches)["serial"].is_cuda
     finally:
         batches.close()
-
-
-def test_update_priorities_from_mask_narrows_the_counted_records():
-    """mask= leaves out records without a TD error; a window left with none keeps its priority."""
-    buffer = PrioritizedSequenceReplay(capacity=100, alpha=1.0, seed=0)
-    first, second = buffer.add(make_episode(6)), buffer.add(make_episode(6))
-    batch = buffer.gather_windows([first, second], [0, 0], Window(3))
-    errors = torch.tensor([[1.0, 2.0, 8.0], [5.0, 5.0, 5.0]])
-    mask = torch.tensor([[True, True, False], [False, False, False]])
-    applied = buffer.update_priorities_from(batch, errors, eta=0.5, mask=mask)
-    assert applied == 1
-    expected = 0.5 * 2.0 + 0.5 * 1.5 + buffer.epsilon
-    assert buffer.priorities.tolist() == pytest.approx([expected, 1.0])
-    with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \(2, 3\)"):
-        buffer.update_priorities_from(batch, errors, mask=torch.ones(2, 3))
 
 
 # ----------------------------------------------------------------------- memory ownership

@@ -13,7 +13,17 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from conftest import assert_refused, make_episode
+from conftest import (
+    INF,
+    NAN,
+    ROUTING_ERRORS,
+    ROUTING_IDS,
+    ROUTING_STEPS,
+    TABLE_WINDOW,
+    assert_refused,
+    make_episode,
+    standard_buffer,
+)
 from stats import ACCEPT, REJECT, chi_square_pvalue
 
 from lucid_replay import (
@@ -22,6 +32,7 @@ from lucid_replay import (
     PrioritizedSequenceReplay,
     ReuseLimitError,
     SequenceReplay,
+    Window,
     sum_tree,
 )
 
@@ -566,6 +577,148 @@ def test_refused_update_leaves_draws_unchanged() -> None:
     ours, theirs = buffer.sample_prioritized(256, 3), twin.sample_prioritized(256, 3)
     assert torch.equal(ours.indices, theirs.indices) and torch.equal(ours.starts, theirs.starts)
     assert torch.equal(ours.weights, theirs.weights)
+
+
+# --------------------------------------------------------------- update_priorities_from
+def _routing_buffer():
+    """The standard buffer (epsilon 0.25) and its routing windows (see ROUTING_ERRORS)."""
+    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
+    window = Window(**TABLE_WINDOW, boundary="include_reset")
+    batch = buffer.gather_windows(ROUTING_IDS, ROUTING_STEPS, window)
+    return buffer, batch
+
+
+def test_update_priorities_from_applies_the_r2d2_mix_over_counted_records():
+    """eta*max|d| + (1-eta)*mean|d| over learning, valid, own-episode records; duplicates max."""
+    buffer, batch = _routing_buffer()
+    applied = buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=0.75)
+    assert applied == 3
+    # p = mix + epsilon: episode 0 -> 0.5, episode 1 -> 1.5, episode 2 -> max(4.0, 2.75).
+    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]
+    assert buffer.max_priority == 4.25
+
+
+def test_update_priorities_from_default_eta_is_0_9():
+    """The default eta is 0.9: max 3 and mean 2 give 0.9*3 + 0.1*2 = 2.9."""
+    buffer, batch = _routing_buffer()
+    errors = torch.tensor(ROUTING_ERRORS)
+    errors[0, 2] = 0.0  # episode 2's other window now mixes to 0
+    assert buffer.update_priorities_from(batch, errors) == 3
+    assert buffer.priorities.tolist() == pytest.approx([0.75, 1.75, 3.15])
+
+
+def test_update_priorities_from_non_finite_inside_the_mask_raises_and_updates_nothing():
+    """A NaN or inf on a counted record raises ValueError; no priority changes."""
+    for row, column, value in [(1, 2, NAN), (3, 3, INF), (0, 2, -INF)]:
+        buffer, batch = _routing_buffer()
+        errors = torch.tensor(ROUTING_ERRORS)
+        errors[row, column] = value
+        with pytest.raises(
+            ValueError,
+            match=r"^errors must be finite on valid learning records, got "
+            r"a NaN or infinite value$",
+        ):
+            buffer.update_priorities_from(batch, errors, eta=0.75)
+        assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
+        assert buffer.max_priority == 1.0
+
+
+def test_update_priorities_from_per_window_errors_are_used_as_they_are():
+    """[B] errors become the windows' priorities directly (|e| + epsilon, duplicates max)."""
+    buffer, batch = _routing_buffer()
+    # Windows of episodes [2, 0, 1, 2].
+    assert buffer.update_priorities_from(batch, [1.0, -2.0, 3.0, 0.5]) == 3
+    assert buffer.priorities.tolist() == [2.25, 3.25, 1.25]
+
+
+def test_update_priorities_from_never_routes_to_episodes_reached_through_include_reset():
+    """Episodes only reached through include_reset records keep their priority."""
+    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
+    # Anchor (1, 0) reaches episodes 0 and 2 through its records; only episode 1 is updated.
+    batch = buffer.gather_windows([1], [0], Window(**TABLE_WINDOW, boundary="include_reset"))
+    assert batch.record_episode_ids.tolist() == [[0, 0, 1, 2, 2]]
+    assert buffer.update_priorities_from(batch, [[50.0, 50.0, 2.0, 50.0, 50.0]]) == 1
+    assert buffer.priorities.tolist() == [1.0, 2.25, 1.0]
+
+
+def test_update_priorities_from_rejects_bad_shapes_and_batches():
+    """Errors not [B, W] or [B] raise ValueError; a non-WindowBatch raises TypeError."""
+    buffer, batch = _routing_buffer()
+    with pytest.raises(
+        ValueError, match=r"^errors must be of shape \(4, 5\) or \(4,\), got \(4, 4\)$"
+    ):
+        buffer.update_priorities_from(batch, torch.zeros(4, 4))
+    with pytest.raises(
+        ValueError, match=r"^errors must be of shape \(4, 5\) or \(4,\), got \(5,\)$"
+    ):
+        buffer.update_priorities_from(batch, torch.zeros(5))
+    with pytest.raises(TypeError, match=r"^batch must be a WindowBatch, got PrioritizedBatch$"):
+        buffer.update_priorities_from(buffer.sample_prioritized(4, 1), torch.zeros(4))
+    assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("eta", "error", "message"),
+    [
+        (-0.1, ValueError, r"^eta must be >= 0\.0 and finite, got -0\.1$"),
+        (1.5, ValueError, r"^eta must be in \[0, 1\], got 1\.5$"),
+        (float("nan"), ValueError, r"^eta must be >= 0\.0 and finite, got nan$"),
+        ("0.5", TypeError, r"^eta must be a real number, got '0\.5'$"),
+    ],
+)
+def test_update_priorities_from_validates_eta(eta, error, message):
+    """eta outside [0, 1] (or not a real number) is refused and nothing is updated."""
+    buffer, batch = _routing_buffer()
+    with pytest.raises(error, match=message):
+        buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=eta)
+    assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_update_priorities_from_accepts_eta_0_and_1():
+    """eta=1 is the max alone, eta=0 the mean alone."""
+    buffer, batch = _routing_buffer()
+    buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=1.0)
+    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]  # episode 2: max(4, 3)
+    errors = torch.tensor(ROUTING_ERRORS)
+    errors[0, 2] = 0.0
+    buffer.update_priorities_from(batch, errors, eta=0.0)
+    assert buffer.priorities.tolist() == [0.75, 1.75, 2.25]  # episode 2: mean(3, 1)
+
+
+def test_update_priorities_from_skips_evicted_episodes():
+    """Windows of episodes evicted since the draw are skipped and not counted."""
+    buffer = standard_buffer(PrioritizedSequenceReplay, capacity=12, epsilon=0.25, seed=0)
+    batch = buffer.gather_windows([0, 2], [0, 0], Window(1))
+    buffer.add(make_episode(4))  # evicts episode 0; episode 3 reuses its ring slots
+    assert list(buffer.episode_ids) == [1, 2, 3]
+    assert buffer.update_priorities_from(batch, [[8.0], [2.0]]) == 1
+    assert buffer.priorities.tolist() == [1.0, 2.25, 1.0]
+    assert buffer.max_priority == 2.25
+
+
+def test_update_priorities_from_takes_values_of_grad_requiring_errors():
+    """TD errors that require grad set plain priorities: nothing of the graph is kept."""
+    buffer, batch = _routing_buffer()
+    scale = torch.tensor(1.0, requires_grad=True)
+    applied = buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS) * scale, eta=0.75)
+    assert applied == 3
+    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]
+    assert not buffer.priorities.requires_grad
+
+
+def test_update_priorities_from_mask_narrows_the_counted_records():
+    """mask= leaves out records without a TD error; a window left with none keeps its priority."""
+    buffer = PrioritizedSequenceReplay(capacity=100, alpha=1.0, seed=0)
+    first, second = buffer.add(make_episode(6)), buffer.add(make_episode(6))
+    batch = buffer.gather_windows([first, second], [0, 0], Window(3))
+    errors = torch.tensor([[1.0, 2.0, 8.0], [5.0, 5.0, 5.0]])
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    applied = buffer.update_priorities_from(batch, errors, eta=0.5, mask=mask)
+    assert applied == 1
+    expected = 0.5 * 2.0 + 0.5 * 1.5 + buffer.epsilon
+    assert buffer.priorities.tolist() == pytest.approx([expected, 1.0])
+    with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \(2, 3\)"):
+        buffer.update_priorities_from(batch, errors, mask=torch.ones(2, 3))
 
 
 # ------------------------------------------------------------------------ reuse limit
