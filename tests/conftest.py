@@ -107,6 +107,13 @@ def standard_buffer(
     return buffer
 
 
+def write_values(batch_size: int = 4, window_size: int = 5) -> torch.Tensor:
+    """int64 ``[batch_size, window_size]`` values to write back: ``9000 + window_size * b + k``."""
+    return 9000 + torch.arange(batch_size * window_size, dtype=torch.int64).reshape(
+        batch_size, window_size
+    )
+
+
 def stored(buffer: lucid_replay.SequenceReplay, episode_id: int, name: str = "serial") -> list:
     """The stored values of field ``name`` of episode ``episode_id``, as a list."""
     return buffer[episode_id][name].tolist()

@@ -23,7 +23,6 @@ from stats import chi_square_pvalue
 from lucid_replay import (
     Batch,
     CheckpointError,
-    Episode,
     PrioritizedSequenceReplay,
     ReuseLimitError,
     SequenceReplay,
@@ -707,46 +706,6 @@ def test_asking_for_more_draws_than_left_changes_nothing():
     assert failing.stats() == twin.stats()
 
 
-def test_retired_episodes_are_reclaimed_when_oldest():
-    """Retired episodes at the front are evicted at once; one behind a live one stays."""
-    buffer = SequenceReplay(40, seed=0, max_times_sampled=1)
-    for length in (4, 1, 4):
-        buffer.add(make_episode(length))
-    batch = buffer.sample(2, 4)  # ids 0 and 2, once each: both retired
-    assert sorted(batch.episode_ids.tolist()) == [0, 2]
-    assert list(buffer.episode_ids) == [1, 2]  # id 0 reclaimed; id 1 (live) shields id 2
-    assert (len(buffer), buffer.num_episodes) == (5, 2)
-    stats = buffer.stats()
-    assert stats["episodes_retired"] == 2
-    assert stats["episodes_evicted_unsampled"] == 0
-
-
-def test_all_retired_episodes_are_reclaimed():
-    """When every stored episode retires, all storage is reclaimed; ids keep counting."""
-    buffer = SequenceReplay(40, seed=0, max_times_sampled=1)
-    for length in (4, 4, 4):
-        buffer.add(make_episode(length))
-    buffer.sample(3, 4)
-    assert (len(buffer), buffer.num_episodes, list(buffer.episode_ids)) == (0, 0, [])
-    assert buffer.stats()["transitions_stored"] == 0
-    with pytest.raises(ValueError, match="non-empty"):
-        buffer.sample(1, 1)
-    assert buffer.add(make_episode(2)) == 3
-
-
-def test_retired_episode_is_reclaimed_when_an_add_makes_it_oldest():
-    """A retired episode that becomes the oldest through an eviction is reclaimed."""
-    buffer = SequenceReplay(9, seed=0, max_times_sampled=1)
-    for length in (4, 1, 4):
-        buffer.add(make_episode(length))
-    buffer.sample(2, 4)  # retires ids 0 (reclaimed) and 2 (behind live id 1)
-    assert list(buffer.episode_ids) == [1, 2]
-    buffer.add(make_episode(5))  # needs 5 of 9: evicts id 1 only, id 2 becomes the oldest
-    assert 2 not in buffer
-    assert list(buffer.episode_ids) == [3]
-    assert len(buffer) == 5
-
-
 def test_gather_windows_does_not_count_towards_the_reuse_limit():
     """`gather_windows` draws nothing: a K=1 episode can still be sampled afterwards."""
     buffer = SequenceReplay(40, seed=0, max_times_sampled=1)
@@ -880,23 +839,3 @@ def test_concurrent_adds_and_samples_never_tear_a_chunk():
         assert first_serial_of[episode_id] == first
     assert len(buffer) <= 300
     assert list(buffer.episode_ids) == list(range(buffer.episode_ids.start, len(first_serial_of)))
-
-
-@pytest.mark.parametrize(
-    "values",
-    [
-        torch.arange(7, dtype=torch.bfloat16),  # no numpy view: copied with Tensor.copy_
-        torch.arange(7, dtype=torch.float32).requires_grad_(),  # neither
-        torch.arange(7, dtype=torch.float32),  # copied through numpy views
-    ],
-    ids=["bfloat16", "requires_grad", "float32"],
-)
-def test_add_stores_every_kind_of_field_exactly_across_the_seam(values):
-    """Both copy paths of `add` store the steps, also when an episode wraps the ring's seam."""
-    buffer = SequenceReplay(capacity=10, seed=0)
-    buffer.add(Episode({"x": values[:5].detach().clone()}))
-    wrapped = buffer.add(Episode({"x": values}))
-    assert buffer.episode_ids == range(1, 2)
-    stored = buffer[wrapped]["x"]
-    assert stored.dtype == values.dtype and not stored.requires_grad
-    assert torch.equal(stored, values.detach())

@@ -151,6 +151,26 @@ def test_capacity_counts_transitions():
     assert (len(buffer), buffer.num_episodes) == (6, 5)
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        torch.arange(7, dtype=torch.bfloat16),  # no numpy view: copied with Tensor.copy_
+        torch.arange(7, dtype=torch.float32).requires_grad_(),  # neither
+        torch.arange(7, dtype=torch.float32),  # copied through numpy views
+    ],
+    ids=["bfloat16", "requires_grad", "float32"],
+)
+def test_add_stores_every_kind_of_field_exactly_across_the_seam(values):
+    """Both copy paths of `add` store the steps, also when an episode wraps the ring's seam."""
+    buffer = SequenceReplay(capacity=10, seed=0)
+    buffer.add(Episode({"x": values[:5].detach().clone()}))
+    wrapped = buffer.add(Episode({"x": values}))
+    assert buffer.episode_ids == range(1, 2)
+    stored = buffer[wrapped]["x"]
+    assert stored.dtype == values.dtype and not stored.requires_grad
+    assert torch.equal(stored, values.detach())
+
+
 # ---------------------------------------------------------------------------- lookups
 
 
