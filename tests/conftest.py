@@ -48,7 +48,11 @@ def index_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     return str(request.param)
 
 
-def _comparable(value: object) -> object:
+# For single tests of a module that does not run on both engines as a whole (``pytestmark``).
+both_engines = pytest.mark.usefixtures("index_engine")
+
+
+def comparable(value: object) -> object:
     """``value`` with every tensor replaced by its dtype, shape and bytes, for ``==``."""
     if isinstance(value, torch.Tensor):
         flat = value.detach().cpu().contiguous().reshape(-1)
@@ -59,16 +63,16 @@ def _comparable(value: object) -> object:
             flat.view(torch.uint8).numpy().tobytes(),
         )
     if isinstance(value, dict):
-        return {key: _comparable(item) for key, item in value.items()}
+        return {key: comparable(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_comparable(item) for item in value)
+        return type(value)(comparable(item) for item in value)
     return value
 
 
 def snapshot(buffer: lucid_replay.SequenceReplay) -> object:
     """Everything a refused call must leave unchanged: the whole state dict (stored data,
     episode table, counters, RNG state, beta and maximum priority) and the stats."""
-    return _comparable({"state": buffer.state_dict(), "stats": buffer.stats()})
+    return comparable({"state": buffer.state_dict(), "stats": buffer.stats()})
 
 
 def assert_refused(buffer, call, error: type[BaseException], match: str) -> None:
@@ -136,3 +140,66 @@ ROUTING_ERRORS = [
     [7.0, 7.0, -1.5, 9.0, 8.0],  # 9.0 belongs to episode 2   -> 1.5
     [NAN, INF, -3.0, 1.0, NAN],  # max 3, mean 2              -> 0.75*3 + 0.25*2 = 2.75
 ]
+
+
+# ------------------------------------- buffers driven through a fixed sequence of calls
+
+
+def assert_chunks_match_storage(
+    buffer: lucid_replay.SequenceReplay, batch: lucid_replay.Batch, length: int
+) -> None:
+    """Every chunk is steps ``start .. start+length-1`` of the episode the batch names."""
+    for row, (episode_id, start) in enumerate(
+        zip(batch.episode_ids.tolist(), batch.starts.tolist(), strict=True)
+    ):
+        episode = buffer[episode_id]
+        assert 0 <= start <= len(episode) - length
+        for name in episode:
+            assert torch.equal(batch[name][row], episode[name][start : start + length])
+
+
+def assert_batches_equal(first: lucid_replay.Batch, second: lucid_replay.Batch) -> None:
+    """Both batches drew the same episodes and starts and hold equal data."""
+    assert torch.equal(first.episode_ids, second.episode_ids)
+    assert torch.equal(first.starts, second.starts)
+    assert first.data.keys() == second.data.keys()
+    for name in first.data:
+        assert torch.equal(first[name], second[name])
+
+
+def filled_buffer(
+    capacity: int = 40, lengths=(9, 3, 7, 12, 5, 8, 2, 6), **kwargs
+) -> lucid_replay.SequenceReplay:
+    """A buffer whose ring has wrapped (with the default lengths and capacity)."""
+    buffer = lucid_replay.SequenceReplay(capacity, **{"seed": 0, **kwargs})
+    for index, length in enumerate(lengths):
+        buffer.add(make_episode(length, terminated=index % 2 == 0))
+    return buffer
+
+
+def drive(buffer: lucid_replay.SequenceReplay, rounds: int = 3) -> list[lucid_replay.Batch]:
+    """A fixed sequence of calls: samples of mixed lengths with adds in between."""
+    batches = []
+    for round_ in range(rounds):
+        batches.append(buffer.sample(5, 2))
+        batches.append(buffer.sample(3, 4))
+        buffer.add(make_episode(4 + round_, first_serial=10_000 * (round_ + 1)))
+        batches.append(buffer.sample(4, 1))
+    return batches
+
+
+def seeded_twins(**kwargs) -> tuple[lucid_replay.SequenceReplay, lucid_replay.SequenceReplay]:
+    """Two buffers seeded 7 (unless ``kwargs`` say otherwise) holding the same wrapped ring."""
+    lengths = (9, 3, 7, 12, 5, 8, 2, 6)
+    made = []
+    for _ in range(2):
+        buffer = lucid_replay.SequenceReplay(40, **{"seed": 7, **kwargs})
+        for index, length in enumerate(lengths):
+            buffer.add(make_episode(length, first_serial=1_000 * index))
+        made.append(buffer)
+    return made[0], made[1]
+
+
+# Configurations that `drive` runs under, and their test ids.
+DRIVE_CONFIGS = [{}, {"unit": "episode"}, {"max_times_sampled": 6}]
+DRIVE_CONFIG_IDS = ["chunk", "episode", "reuse-limit"]

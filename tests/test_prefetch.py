@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from conftest import F, T, make_episode, standard_buffer
+from conftest import F, T, both_engines, make_episode, standard_buffer
 
 from lucid_replay import PrioritizedSequenceReplay, SequenceReplay, Window, WindowBatch
 
@@ -183,7 +183,7 @@ def _wait_until_stopped(threads, timeout=5.0):
     return not any(thread.is_alive() for thread in threads)
 
 
-@pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+@both_engines
 def test_iterate_yields_window_batches_of_the_right_shape():
     """iterate() yields WindowBatches of [B, W] records, drawn like sample_windows."""
     buffer = standard_buffer(seed=0)
@@ -201,7 +201,7 @@ def test_iterate_yields_window_batches_of_the_right_shape():
         batches.close()
 
 
-@pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+@both_engines
 def test_iterate_thread_stops_when_the_generator_is_closed():
     """Closing the iterator after use ends the prefetch thread."""
     before = _prefetch_threads()
@@ -214,7 +214,7 @@ def test_iterate_thread_stops_when_the_generator_is_closed():
     assert _wait_until_stopped(started)
 
 
-@pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+@both_engines
 def test_iterate_thread_stops_when_closed_before_the_first_batch():
     """Closing the iterator before taking any batch also ends the prefetch thread."""
     before = _prefetch_threads()
@@ -243,7 +243,7 @@ def _worker_closure(thread, kind):
     return [cell.cell_contents for cell in cells if isinstance(cell.cell_contents, kind)]
 
 
-@pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+@both_engines
 def test_iterate_close_returns_when_the_worker_failed_behind_a_full_queue():
     """close() returns promptly even if the worker failed while the prefetch queue was full."""
     before = _prefetch_threads()
@@ -270,7 +270,7 @@ def test_iterate_close_returns_when_the_worker_failed_behind_a_full_queue():
         closer.join(timeout=5.0)
 
 
-@pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+@both_engines
 def test_iterate_worker_errors_surface_in_the_consumer():
     """An error raised in the prefetch thread is raised by next(); the thread then ends."""
     before = _prefetch_threads()
@@ -286,7 +286,7 @@ def test_iterate_worker_errors_surface_in_the_consumer():
     assert _wait_until_stopped(started)
 
 
-@pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+@both_engines
 def test_iterate_validates_its_arguments_eagerly():
     """batch_size, prefetch and window are checked when iterate() is called, before any thread."""
     buffer = standard_buffer(seed=0)
@@ -300,7 +300,7 @@ def test_iterate_validates_its_arguments_eagerly():
     assert _prefetch_threads(exclude=before) == []
 
 
-@pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+@both_engines
 def test_iterate_on_a_prioritized_buffer_yields_weights():
     """On a PrioritizedSequenceReplay iterate() draws by priority (weights present)."""
     buffer = standard_buffer(PrioritizedSequenceReplay, seed=0)

@@ -761,51 +761,6 @@ def test_reuse_limit_exhaustion_raises_and_draws_nothing() -> None:
         buffer.sample_prioritized(1, 3)
 
 
-# ------------------------------------------------------------------------- persistence
-def test_save_load_round_trips_priorities_and_draws(tmp_path) -> None:
-    """load restores priorities, max priority, alpha/beta/epsilon; next draws equal a twin's."""
-
-    def build() -> PrioritizedSequenceReplay:
-        buffer = PrioritizedSequenceReplay(
-            40, alpha=0.7, beta=0.3, epsilon=1e-3, unit="chunk", seed=91
-        )
-        ids = buffer.extend(make_episode(n, first_serial=1_000 * n) for n in [9, 4, 8, 6, 10])
-        buffer.update_priorities(ids, [12.0, 0.5, 3.0, 2.0, 0.25])  # 12 is the max...
-        buffer.sample_prioritized(32, 3)
-        buffer.sample_prioritized(32, 5)  # a second tree, kept current incrementally
-        buffer.update_priorities(ids[2:], [0.1, 5.0, 1.5])
-        ids.append(buffer.add(make_episode(7, first_serial=99_000)))  # ...evicted here
-        assert ids[0] not in buffer
-        buffer.anneal_beta(0.25, final=0.9)
-        return buffer
-
-    original = build()
-    twin = build()
-    path = tmp_path / "buffer.pt"
-    original.save(path)
-    loaded = SequenceReplay.load(path)
-    assert type(loaded) is PrioritizedSequenceReplay
-    assert (loaded.alpha, loaded.epsilon, loaded.unit) == (0.7, 1e-3, "chunk")
-    assert loaded.beta == original.beta == pytest.approx(0.3 + 0.25 * 0.6, rel=1e-12)
-    assert loaded.max_priority == original.max_priority == 12.0 + 1e-3
-    assert list(loaded.episode_ids) == list(original.episode_ids)
-    assert torch.equal(loaded.priorities, original.priorities)
-    for length in (3, 5, 3):
-        ours, theirs = loaded.sample_prioritized(64, length), twin.sample_prioritized(64, length)
-        assert torch.equal(ours.indices, theirs.indices)
-        assert torch.equal(ours.starts, theirs.starts)
-        assert torch.equal(ours.weights, theirs.weights)
-        assert torch.equal(ours["serial"], theirs["serial"])
-        plain_ours, plain_theirs = loaded.sample(16, length), twin.sample(16, length)
-        assert torch.equal(plain_ours.episode_ids, plain_theirs.episode_ids)
-        for buffer in (loaded, twin):
-            buffer.update_priorities(ours.indices, ours.starts.double())
-    assert loaded.add(make_episode(4)) == twin.add(make_episode(4))
-    assert torch.equal(loaded.priorities, twin.priorities)
-    loaded.anneal_beta(0.0)  # beta0 survives the round trip: no compounding from the save
-    assert loaded.beta == 0.3
-
-
 # ------------------------------------------------------------------- scaling smoke check
 def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
     """Thousands of episodes (table growth, evictions, two spans): trees match the model's leaves.
