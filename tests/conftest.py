@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -203,3 +204,34 @@ def seeded_twins(**kwargs) -> tuple[lucid_replay.SequenceReplay, lucid_replay.Se
 # Configurations that `drive` runs under, and their test ids.
 DRIVE_CONFIGS = [{}, {"unit": "episode"}, {"max_times_sampled": 6}]
 DRIVE_CONFIG_IDS = ["chunk", "episode", "reuse-limit"]
+
+
+# ------------------------------------------------------------------ prioritized buffers
+
+EPSILON = 1e-6  # the epsilon of `prioritized_buffer`
+
+
+def prioritized_buffer(
+    unit: str = "chunk",
+    alpha: float = 0.6,
+    *,
+    lengths: list[int],
+    errors: list[float] | None,
+    seed: int = 0,
+    capacity: int = 1_000,
+    **kwargs: object,
+) -> tuple[lucid_replay.PrioritizedSequenceReplay, list[int]]:
+    """A prioritized buffer (epsilon EPSILON) of episodes of ``lengths``, and their ids; the
+    priorities come from ``errors`` unless it is ``None``."""
+    buffer = lucid_replay.PrioritizedSequenceReplay(
+        capacity, alpha=alpha, epsilon=EPSILON, unit=unit, seed=seed, **kwargs
+    )
+    ids = buffer.extend(make_episode(n) for n in lengths)
+    if errors is not None:
+        assert buffer.update_priorities(ids, errors) == len(ids)
+    return buffer, ids
+
+
+def priorities_of(errors: list[float]) -> np.ndarray:
+    """The priorities ``|error| + EPSILON`` that `prioritized_buffer` sets for ``errors``."""
+    return np.abs(np.asarray(errors, dtype=np.float64)) + EPSILON

@@ -14,6 +14,7 @@ import pytest
 import scipy.stats
 import torch
 from conftest import (
+    EPSILON,
     INF,
     NAN,
     ROUTING_ERRORS,
@@ -22,9 +23,19 @@ from conftest import (
     TABLE_WINDOW,
     assert_refused,
     make_episode,
+    priorities_of,
+    prioritized_buffer,
     standard_buffer,
 )
-from stats import ACCEPT, REJECT, chi_square_pvalue
+from stats import (
+    ACCEPT,
+    DRAWS,
+    REJECT,
+    chi_square_pvalue,
+    eligible_starts,
+    episode_counts,
+    expected_weights,
+)
 
 from lucid_replay import (
     InvalidArgumentError,
@@ -37,9 +48,6 @@ from lucid_replay import (
 )
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
-
-DRAWS = 20_000
-EPSILON = 1e-6
 
 # A length-2 episode is not eligible for length 3 and holds the largest priority, so any
 # leak of ineligible mass shows up strongly.
@@ -54,34 +62,17 @@ def _buffer(
     *,
     lengths: list[int] = LENGTHS,
     errors: list[float] | None = ERRORS,
-    seed: int = 0,
-    capacity: int = 1_000,
     **kwargs: object,
 ) -> tuple[PrioritizedSequenceReplay, list[int]]:
-    buffer = PrioritizedSequenceReplay(
-        capacity, alpha=alpha, epsilon=EPSILON, unit=unit, seed=seed, **kwargs
-    )
-    ids = buffer.extend(make_episode(n) for n in lengths)
-    if errors is not None:
-        assert buffer.update_priorities(ids, errors) == len(ids)
-    return buffer, ids
-
-
-def _priorities(errors: list[float]) -> np.ndarray:
-    """SPEC: p = |error| + epsilon."""
-    return np.abs(np.asarray(errors, dtype=np.float64)) + EPSILON
-
-
-def _anchors(lengths: list[int], length: int) -> np.ndarray:
-    """n_e: eligible chunk starts T - L + 1 (0 if the episode is too short)."""
-    return np.maximum(np.asarray(lengths) - length + 1, 0)
+    """`prioritized_buffer` of LENGTHS with priorities from ERRORS, unless told otherwise."""
+    return prioritized_buffer(unit, alpha, lengths=lengths, errors=errors, **kwargs)
 
 
 def _episode_probs(
     lengths: list[int], priorities: np.ndarray, length: int, alpha: float, unit: str
 ) -> np.ndarray:
     """SPEC 3: chunk ~ n_e p_e^alpha; episode ~ [n_e > 0] p_e^alpha."""
-    counts = _anchors(lengths, length)
+    counts = eligible_starts(lengths, length)
     scaled = np.asarray(priorities, dtype=np.float64) ** alpha
     mass = counts * scaled if unit == "chunk" else (counts > 0) * scaled
     return mass / mass.sum()
@@ -100,30 +91,6 @@ def _joint_counts(batch, ids: list[int], anchors: np.ndarray) -> np.ndarray:
     assert (starts >= 0).all() and (starts < anchors[position]).all()
     offsets = np.concatenate([[0], np.cumsum(anchors)])[:-1]
     return np.bincount(offsets[position] + starts, minlength=int(anchors.sum()))
-
-
-def _episode_counts(batch, ids: list[int]) -> np.ndarray:
-    return np.bincount(batch.episode_ids.numpy() - ids[0], minlength=len(ids))
-
-
-def _expected_weights(
-    batch_priorities: np.ndarray,
-    lengths: list[int],
-    priorities: np.ndarray,
-    length: int,
-    alpha: float,
-    beta: float,
-    unit: str,
-) -> np.ndarray:
-    """SPEC 3: w = (N P)^-beta / max over the batch, P the probability of the drawn item."""
-    counts = _anchors(lengths, length)
-    scaled = priorities**alpha
-    if unit == "chunk":  # P(chunk) = p^a / sum over eligible chunks; N = number of chunks
-        total, population = (counts * scaled).sum(), counts.sum()
-    else:  # P(episode) = p^a / sum over eligible episodes; N = number of eligible episodes
-        total, population = ((counts > 0) * scaled).sum(), (counts > 0).sum()
-    raw = (population * batch_priorities**alpha / total) ** -beta
-    return raw / raw.max()
 
 
 # ------------------------------------------------------------------------- construction
@@ -188,10 +155,10 @@ def test_prioritized_distribution_matches_spec(unit: str, alpha: float) -> None:
     """Episodes are drawn ~ n_e p^a (chunk) or ~ p^a (episode), starts uniform (chi-square)."""
     buffer, ids = _buffer(unit, alpha, seed=11)
     batch = buffer.sample_prioritized(DRAWS, 3)
-    anchors = _anchors(LENGTHS, 3)
-    priorities = _priorities(ERRORS)
+    anchors = eligible_starts(LENGTHS, 3)
+    priorities = priorities_of(ERRORS)
     expected = _episode_probs(LENGTHS, priorities, 3, alpha, unit)
-    episodes = _episode_counts(batch, ids)
+    episodes = episode_counts(batch, ids)
     joint = _joint_counts(batch, ids, anchors)
     assert chi_square_pvalue(episodes, expected) > ACCEPT
     assert chi_square_pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT
@@ -232,7 +199,7 @@ def test_alpha_zero_is_the_uniform_buffers_distribution(unit: str) -> None:
     prioritized, ids = _buffer(unit, 0.0, seed=21)
     uniform = SequenceReplay(1_000, unit=unit, seed=22)
     uniform.extend(make_episode(n) for n in LENGTHS)
-    anchors = _anchors(LENGTHS, 3)
+    anchors = eligible_starts(LENGTHS, 3)
     by_priority = _joint_counts(prioritized.sample_prioritized(DRAWS, 3), ids, anchors)
     by_uniform = _joint_counts(uniform.sample(DRAWS, 3), ids, anchors)
     uniform_episode = anchors if unit == "chunk" else (anchors > 0).astype(float)
@@ -242,7 +209,7 @@ def test_alpha_zero_is_the_uniform_buffers_distribution(unit: str) -> None:
     table = np.stack([by_priority, by_uniform])
     assert scipy.stats.chi2_contingency(table[:, table.sum(0) > 0]).pvalue > ACCEPT
     # Power: the priorities (which alpha = 0 must ignore) would be detected.
-    weighted = _episode_probs(LENGTHS, _priorities(ERRORS), 3, 1.0, unit)
+    weighted = _episode_probs(LENGTHS, priorities_of(ERRORS), 3, 1.0, unit)
     assert chi_square_pvalue(by_priority, _joint_probs(weighted, anchors)) < REJECT
 
 
@@ -251,13 +218,13 @@ def test_alpha_zero_is_the_uniform_buffers_distribution(unit: str) -> None:
 def test_sample_stays_uniform_on_a_prioritized_buffer(unit: str) -> None:
     """`sample` on a prioritized buffer ignores priorities (chi-square vs the uniform formula)."""
     buffer, ids = _buffer(unit, 1.0, seed=31)
-    anchors = _anchors(LENGTHS, 3)
+    anchors = eligible_starts(LENGTHS, 3)
     batch = buffer.sample(DRAWS, 3)
     assert not isinstance(batch, PrioritizedBatch)
     joint = _joint_counts(batch, ids, anchors)
     uniform = anchors if unit == "chunk" else (anchors > 0).astype(float)
     assert chi_square_pvalue(joint, _joint_probs(uniform / uniform.sum(), anchors)) > ACCEPT
-    weighted = _episode_probs(LENGTHS, _priorities(ERRORS), 3, 1.0, unit)
+    weighted = _episode_probs(LENGTHS, priorities_of(ERRORS), 3, 1.0, unit)
     assert chi_square_pvalue(joint, _joint_probs(weighted, anchors)) < REJECT
 
 
@@ -267,7 +234,7 @@ def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
     """Lengths 3, 5, 3, 5 with updates and an add between: every phase matches the SPEC."""
     alpha = 0.7
     buffer, ids = _buffer(unit, alpha, seed=41)
-    lengths, priorities = list(LENGTHS), _priorities(ERRORS)
+    lengths, priorities = list(LENGTHS), priorities_of(ERRORS)
     phases = [
         (3, None),
         (5, [4.0, 8.0, 2.0, 1.0, 0.5]),
@@ -278,14 +245,14 @@ def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
         stale = priorities
         if errors is not None:
             assert buffer.update_priorities(ids, errors) == len(ids)
-            priorities = _priorities(errors)
+            priorities = priorities_of(errors)
         if phase == 2:
             ids.append(buffer.add(make_episode(7)))
             lengths.append(7)
             priorities = np.append(priorities, buffer.max_priority)
             stale = np.append(stale, buffer.max_priority)
         np.testing.assert_allclose(buffer.priorities.numpy(), priorities, rtol=1e-12)
-        anchors = _anchors(lengths, length)
+        anchors = eligible_starts(lengths, length)
         expected = _episode_probs(lengths, priorities, length, alpha, unit)
         batch = buffer.sample_prioritized(DRAWS, length)
         joint = _joint_counts(batch, ids, anchors)
@@ -293,7 +260,7 @@ def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
         if errors is not None:
             # Power: a tree left at the previous priorities would be rejected.
             before = _episode_probs(lengths, stale, length, alpha, unit)
-            assert chi_square_pvalue(_episode_counts(batch, ids), before) < REJECT, f"phase {phase}"
+            assert chi_square_pvalue(episode_counts(batch, ids), before) < REJECT, f"phase {phase}"
 
 
 # ------------------------------------------------------------------------------ weights
@@ -302,31 +269,31 @@ def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
 def test_weights_match_the_formula(unit: str, alpha: float, beta: float) -> None:
     """Weights are (N P_i)^-beta / max_j (N P_j)^-beta over each batch; the largest is exactly 1."""
     buffer, ids = _buffer(unit, alpha, beta=beta, seed=51)
-    priorities = _priorities(ERRORS)
+    priorities = priorities_of(ERRORS)
     for batch_size in (1, 3, 7, 64):
         batch = buffer.sample_prioritized(batch_size, 3)
         assert batch.weights.dtype == torch.float32
         assert batch.weights.shape == (batch_size,)
         assert float(batch.weights.max()) == 1.0
         drawn = priorities[batch.indices.numpy() - ids[0]]
-        expected = _expected_weights(drawn, LENGTHS, priorities, 3, alpha, beta, unit)
+        expected = expected_weights(drawn, LENGTHS, priorities, 3, alpha, beta, unit)
         np.testing.assert_allclose(batch.weights.numpy(), expected, rtol=1e-6)
 
 
 def test_weights_follow_anneal_beta() -> None:
     """After anneal_beta the weights use the annealed beta (and still peak at exactly 1)."""
     buffer, ids = _buffer("chunk", 0.8, beta=0.2, seed=52)
-    priorities = _priorities(ERRORS)
+    priorities = priorities_of(ERRORS)
     for fraction, final in [(0.5, 1.0), (1.0, 1.0), (0.25, 3.0)]:
         buffer.anneal_beta(fraction, final)
         beta = 0.2 + fraction * (final - 0.2)
         batch = buffer.sample_prioritized(256, 3)
         drawn = priorities[batch.indices.numpy() - ids[0]]
-        expected = _expected_weights(drawn, LENGTHS, priorities, 3, 0.8, beta, "chunk")
+        expected = expected_weights(drawn, LENGTHS, priorities, 3, 0.8, beta, "chunk")
         assert float(batch.weights.max()) == 1.0
         np.testing.assert_allclose(batch.weights.numpy(), expected, rtol=1e-6)
         # Power: the constructor's beta would give visibly different weights.
-        stale = _expected_weights(drawn, LENGTHS, priorities, 3, 0.8, 0.2, "chunk")
+        stale = expected_weights(drawn, LENGTHS, priorities, 3, 0.8, 0.2, "chunk")
         assert not np.allclose(batch.weights.numpy(), stale, rtol=1e-3)
 
 
@@ -496,7 +463,7 @@ def test_evicted_id_never_touches_the_episode_now_in_its_row() -> None:
     assert buffer.max_priority == 2.0 + EPSILON
     # The sum tree agrees: p = [2, 1] with alpha = 1, not [2, 1000].
     batch = buffer.sample_prioritized(4_000, 2)
-    counts = _episode_counts(batch, [newest - 1, newest])
+    counts = episode_counts(batch, [newest - 1, newest])
     assert chi_square_pvalue(counts, [2 / 3, 1 / 3]) > ACCEPT
     assert chi_square_pvalue(counts, [2 / 1002, 1000 / 1002]) < REJECT
 
@@ -728,16 +695,16 @@ def test_reuse_limit_caps_draws_also_within_one_batch() -> None:
         "chunk", 1.0, lengths=[5, 5, 5, 5], errors=[1.0, 1.0, 1_000.0, 1.0], max_times_sampled=2
     )
     first = buffer.sample_prioritized(5, 3)
-    counts = _episode_counts(first, ids)
+    counts = episode_counts(first, ids)
     assert counts.max() <= 2
     assert counts[2] == 2  # ~99.7% of the mass: it fills its allowance within the batch
     # Weights are those at the start of the call, from the priorities alone.
-    priorities = _priorities([1.0, 1.0, 1_000.0, 1.0])
+    priorities = priorities_of([1.0, 1.0, 1_000.0, 1.0])
     drawn = priorities[first.indices.numpy() - ids[0]]
-    expected = _expected_weights(drawn, [5] * 4, priorities, 3, 1.0, 0.4, "chunk")
+    expected = expected_weights(drawn, [5] * 4, priorities, 3, 1.0, 0.4, "chunk")
     np.testing.assert_allclose(first.weights.numpy(), expected, rtol=1e-6)
     second = buffer.sample_prioritized(3, 3)
-    total = counts + _episode_counts(second, ids)
+    total = counts + episode_counts(second, ids)
     assert total[2] == 2, "a retired episode was drawn again"
     assert total.max() <= 2 and total.sum() == 8
     assert buffer.stats()["episodes_retired"] == 4
@@ -787,7 +754,7 @@ def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
     for span in (3, 6):
         tree = buffer._core.sampler.tree(span, alpha)
         scale = buffer._core.sampler._cached(span, alpha).scale ** alpha  # cancels in every P
-        counts = _anchors([lengths[i] for i in stored], span)
+        counts = eligible_starts([lengths[i] for i in stored], span)
         expected = np.zeros(buffer._core.store.table.row_count)
         expected[rows] = counts * priorities**alpha
         leaves = sum_tree.leaves(tree).numpy() * scale
@@ -798,7 +765,7 @@ def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
 # ------------------------------------------------------------------ extreme priorities
 def _two_episode_pvalue(buffer, ids, probs, draws=DRAWS) -> float:
     batch = buffer.sample_prioritized(draws, 3)
-    return chi_square_pvalue(_episode_counts(batch, ids), probs)
+    return chi_square_pvalue(episode_counts(batch, ids), probs)
 
 
 @pytest.mark.statistical
