@@ -41,10 +41,8 @@ from lucid_replay import (
     InvalidArgumentError,
     PrioritizedBatch,
     PrioritizedSequenceReplay,
-    ReuseLimitError,
     SequenceReplay,
     Window,
-    sum_tree,
 )
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
@@ -688,109 +686,7 @@ def test_update_priorities_from_mask_narrows_the_counted_records():
         buffer.update_priorities_from(batch, errors, mask=torch.ones(2, 3))
 
 
-# ------------------------------------------------------------------------ reuse limit
-def test_reuse_limit_caps_draws_also_within_one_batch() -> None:
-    """With max_times_sampled=K a favourite is drawn at most K times, then never again."""
-    buffer, ids = _buffer(
-        "chunk", 1.0, lengths=[5, 5, 5, 5], errors=[1.0, 1.0, 1_000.0, 1.0], max_times_sampled=2
-    )
-    first = buffer.sample_prioritized(5, 3)
-    counts = episode_counts(first, ids)
-    assert counts.max() <= 2
-    assert counts[2] == 2  # ~99.7% of the mass: it fills its allowance within the batch
-    # Weights are those at the start of the call, from the priorities alone.
-    priorities = priorities_of([1.0, 1.0, 1_000.0, 1.0])
-    drawn = priorities[first.indices.numpy() - ids[0]]
-    expected = expected_weights(drawn, [5] * 4, priorities, 3, 1.0, 0.4, "chunk")
-    np.testing.assert_allclose(first.weights.numpy(), expected, rtol=1e-6)
-    second = buffer.sample_prioritized(3, 3)
-    total = counts + episode_counts(second, ids)
-    assert total[2] == 2, "a retired episode was drawn again"
-    assert total.max() <= 2 and total.sum() == 8
-    assert buffer.stats()["episodes_retired"] == 4
-
-
-def test_reuse_limit_exhaustion_raises_and_draws_nothing() -> None:
-    """Asking for more draws than are left raises ReuseLimitError; counters and RNG untouched."""
-    kwargs = {"lengths": [5, 2, 6, 7], "errors": [1.0, 1.0, 3.0, 0.5], "max_times_sampled": 2}
-    buffer, ids = _buffer("episode", 0.6, seed=81, **kwargs)
-    twin, _ = _buffer("episode", 0.6, seed=81, **kwargs)
-    stats = buffer.stats()
-    # The length-2 episode is not eligible for length 3: 3 episodes x 2 draws are left.
-    with pytest.raises(ReuseLimitError, match=r"max_times_sampled=2 .*\(6\), got 7") as caught:
-        buffer.sample_prioritized(7, 3)
-    assert isinstance(caught.value, ValueError)
-    assert buffer.stats() == stats
-    ours, theirs = buffer.sample_prioritized(6, 3), twin.sample_prioritized(6, 3)
-    assert torch.equal(ours.indices, theirs.indices) and torch.equal(ours.starts, theirs.starts)
-    assert np.bincount(ours.indices.numpy() - ids[0], minlength=4).tolist() == [2, 0, 2, 2]
-    with pytest.raises(ValueError, match=r"max_times_sampled=2|non-empty"):
-        buffer.sample_prioritized(1, 3)
-
-
-# ------------------------------------------------------------------- scaling smoke check
-def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
-    """Thousands of episodes (table growth, evictions, two spans): trees match the model's leaves.
-
-    A smoke check of the incremental path at scale, not a timing test.
-    """
-    rng = np.random.default_rng(101)
-    alpha = 0.6
-    buffer = PrioritizedSequenceReplay(12_000, alpha=alpha, epsilon=EPSILON, seed=101)
-    lengths: dict[int, int] = {}
-    for round_ in range(6):
-        new = rng.integers(1, 9, size=700)
-        ids = buffer.extend(make_episode(int(n), first_serial=0) for n in new)
-        lengths.update(zip(ids, new.tolist(), strict=True))
-        for span in (3, 6):
-            batch = buffer.sample_prioritized(128, span)
-            errors = rng.exponential(size=128) * (round_ + 1)
-            buffer.update_priorities(batch.indices, errors)
-    assert buffer._core.store.table.row_count > 1_024  # the table grew at least once
-    assert buffer.stats()["episodes_evicted"] > 0
-    stored = list(buffer.episode_ids)
-    priorities = buffer.priorities.numpy()
-    rows = buffer._core.store.table.rows_of(torch.tensor(stored)).numpy()
-    for span in (3, 6):
-        tree = buffer._core.sampler.tree(span, alpha)
-        scale = buffer._core.sampler._cached(span, alpha).scale ** alpha  # cancels in every P
-        counts = eligible_starts([lengths[i] for i in stored], span)
-        expected = np.zeros(buffer._core.store.table.row_count)
-        expected[rows] = counts * priorities**alpha
-        leaves = sum_tree.leaves(tree).numpy() * scale
-        np.testing.assert_allclose(leaves, expected, rtol=1e-12)
-        assert float(sum_tree.total(tree)) * scale == pytest.approx(expected.sum(), rel=1e-12)
-
-
 # ------------------------------------------------------------------ extreme priorities
-def _two_episode_pvalue(buffer, ids, probs, draws=DRAWS) -> float:
-    batch = buffer.sample_prioritized(draws, 3)
-    return chi_square_pvalue(episode_counts(batch, ids), probs)
-
-
-@pytest.mark.statistical
-@pytest.mark.parametrize(
-    "alpha, errors",
-    [
-        (1.0, [1e308, 1e308]),  # p^alpha sums past float64's largest value
-        (1.0, [1e308, 0.5e308]),
-        (50.0, [1e7, 1.01e7]),  # p^alpha = 1e350 overflows
-        (60.0, [0.0, 0.0]),  # p^alpha = 1e-360 underflows to zero
-        (8.0, [1e-60, 2e-60]),  # epsilon 1e-300 keeps them apart; p^alpha underflows
-    ],
-)
-def test_exact_law_for_priorities_whose_power_overflows_or_underflows(alpha, errors):
-    """``P ∝ p^alpha`` holds and weights stay finite when ``p^alpha`` leaves float64's range
-    (old: one episode only, NaN weights, or a `ReuseLimitError` on a buffer with no limit)."""
-    buffer = PrioritizedSequenceReplay(100, alpha=alpha, beta=0.7, epsilon=1e-300, seed=5)
-    ids = buffer.extend(make_episode(5) for _ in range(2))
-    buffer.update_priorities(ids, errors)
-    logs = alpha * np.log(np.abs(np.asarray(errors, dtype=np.float64)) + 1e-300)
-    probs = np.exp(logs - logs.max())
-    probs /= probs.sum()
-    assert _two_episode_pvalue(buffer, ids, probs) > ACCEPT
-    weights = buffer.sample_prioritized(64, 3).weights
-    assert bool(torch.isfinite(weights).all()) and float(weights.max()) == 1.0
 
 
 def test_weights_of_extreme_priorities_match_the_formula_in_the_log_domain():

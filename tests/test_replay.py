@@ -31,9 +31,7 @@ from stats import chi_square_pvalue
 
 from lucid_replay import (
     Batch,
-    ReuseLimitError,
     SequenceReplay,
-    Window,
 )
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
@@ -295,86 +293,6 @@ def test_torch_generator_as_seed_matches_the_integer_seed():
         by_generator.add(make_episode(length, first_serial=1_000 * index))
     for one, two in zip(drive(by_int), drive(by_generator), strict=True):
         assert_batches_equal(one, two)
-
-
-# -------------------------------------------------------------------------- reuse limit
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_reuse_limit_one_with_batch_of_all_eligible_draws_each_once(seed):
-    """K=1 and batch_size == eligible episodes: each eligible episode exactly once."""
-    buffer = SequenceReplay(40, seed=seed, max_times_sampled=1)
-    for length in (4, 6, 2, 5):  # id 2 is too short for length 4
-        buffer.add(make_episode(length))
-    batch = buffer.sample(3, 4)
-    assert sorted(batch.episode_ids.tolist()) == [0, 1, 3]
-    assert buffer.stats()["episodes_retired"] == 3
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_reuse_limit_within_one_batch(seed):
-    """K=2 and batch_size == 2 * eligible: each eligible episode drawn exactly twice."""
-    buffer = SequenceReplay(40, seed=seed, max_times_sampled=2)
-    for length in (1, 3, 9, 4):  # id 0 never eligible; it also blocks reclamation
-        buffer.add(make_episode(length))
-    batch = buffer.sample(6, 3)
-    assert Counter(batch.episode_ids.tolist()) == {1: 2, 2: 2, 3: 2}
-    assert_chunks_match_storage(buffer, batch, 3)
-
-
-def test_reuse_limit_is_never_exceeded_across_batches():
-    """No episode is drawn more than K times in total; then sampling is refused."""
-    buffer = SequenceReplay(40, seed=4, max_times_sampled=3)
-    for length in (1, 5, 6, 7, 8):  # id 0 (too short) keeps the retired ones stored
-        buffer.add(make_episode(length))
-    drawn: Counter[int] = Counter()
-    for _ in range(6):  # 4 eligible episodes x 3 = 12 draws
-        drawn.update(buffer.sample(2, 2).episode_ids.tolist())
-        assert max(drawn.values()) <= 3
-    assert drawn == {1: 3, 2: 3, 3: 3, 4: 3}
-    assert buffer.stats()["episodes_retired"] == 4
-    assert list(buffer.episode_ids) == [0, 1, 2, 3, 4]  # retired, still stored
-    assert len(buffer[3]) == 7
-    with pytest.raises(ValueError, match="draws left under max_times_sampled=3") as info:
-        buffer.sample(1, 2)
-    assert isinstance(info.value, ReuseLimitError)
-
-
-def test_asking_for_more_draws_than_left_changes_nothing():
-    """Too many draws: ReuseLimitError, nothing drawn, stats and RNG untouched."""
-    made = []
-    for _ in range(2):
-        buffer = SequenceReplay(40, seed=21, max_times_sampled=2)
-        for length in (1, 3, 4, 5):
-            buffer.add(make_episode(length, first_serial=100 * length))
-        buffer.sample(2, 3)  # 6 draws allowed in total, 4 left
-        made.append(buffer)
-    failing, twin = made
-    before = failing.stats()
-    with pytest.raises(
-        ValueError,
-        match=r"batch_size must be <= the draws left under max_times_sampled=2 "
-        r"for the eligible episodes \(4\), got 5",
-    ) as info:
-        failing.sample(5, 3)
-    assert isinstance(info.value, ReuseLimitError)
-    assert failing.stats() == before
-    # The RNG and the counts are as if the call never happened: the twin agrees, and the
-    # 4 remaining draws are all still available.
-    assert_batches_equal(failing.sample(4, 3), twin.sample(4, 3))
-    assert failing.stats() == twin.stats()
-
-
-def test_gather_windows_does_not_count_towards_the_reuse_limit():
-    """`gather_windows` draws nothing: a K=1 episode can still be sampled afterwards."""
-    buffer = SequenceReplay(40, seed=0, max_times_sampled=1)
-    buffer.add(make_episode(5))
-    buffer.add(make_episode(1))
-    for _ in range(3):
-        buffer.gather_windows([0], [1], Window(2))
-    assert buffer.stats()["episodes_retired"] == 0
-    assert buffer.sample(1, 2).episode_ids.tolist() == [0]
-    assert buffer.stats()["episodes_retired"] == 1
 
 
 # -------------------------------------------------------------------------------- stats
