@@ -1,11 +1,10 @@
-"""Batches and what flows back from them (SPEC sections 2-4): `WindowBatch` / `Batch` /
-`PrioritizedBatch` structure and device moves, priority routing (`update_priorities_from`),
-stored-state write-back, the prefetching iterator, and CUDA paths (skipped without a GPU).
+"""Batches: `WindowBatch` / `Batch` / `PrioritizedBatch` structure and device moves, the memory
+every batch owns, and the CUDA paths (skipped without a GPU).
 
-The standard buffer holds episodes of lengths [4, 2, 6] (ids 0, 1, 2; the second terminated)
-whose steps carry serials ``100 * (id + 1) + step``. The anchors and the window are those of
-the hand-computed tables in test_window.py; the record layouts used here are repeated in the
-comments.
+Tests use the standard buffer (`conftest.standard_buffer`): episodes of lengths [4, 2, 6] (ids
+0, 1, 2; the second terminated) whose steps carry serials ``100 * (id + 1) + step``. The
+anchors and the window are those of the hand-computed tables in test_window.py; the record
+layouts used here are repeated in the comments.
 """
 
 from __future__ import annotations

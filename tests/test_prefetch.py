@@ -1,4 +1,6 @@
-"""Prefetching and processes: abandoned iterators never deadlock, forked children work.
+"""Prefetching and processes: `iterate` yields batches drawn by a worker thread, checks its
+arguments before starting one, raises the worker's errors in the consumer and ends the thread
+on ``close``; abandoned iterators never deadlock, and forked children work.
 
 The scenarios that used to hang run in a subprocess with a timeout, so a regression fails the
 test instead of hanging the suite.

@@ -1,8 +1,11 @@
-"""`PrioritizedSequenceReplay` against SPEC section 3 (and the reuse limit of section 2).
+"""`PrioritizedSequenceReplay`: episodes drawn in proportion to ``n_e p_e^alpha`` (``unit="chunk"``,
+``n_e`` eligible starts) or ``p_e^alpha`` (``unit="episode"``) with ``p = |error| + epsilon``,
+starts uniform; importance weights; beta annealing; the maximum priority new episodes get; and
+priorities set from errors (`update_priorities`, `update_priorities_from`).
 
 Statistical tests draw ~20k chunks at a fixed seed and compare the (episode, start) frequencies
-with the SPEC formulas by chi-square (accepted at p > ACCEPT). Each also shows its power: the
-same counts are rejected (p < REJECT) against a plausible wrong formula, so the test could fail.
+with those laws by chi-square (accepted at p > ACCEPT). Each also shows its power: the same
+counts are rejected (p < REJECT) against a plausible wrong law, so the test could fail.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def _buffer(
 def _episode_probs(
     lengths: list[int], priorities: np.ndarray, length: int, alpha: float, unit: str
 ) -> np.ndarray:
-    """SPEC 3: chunk ~ n_e p_e^alpha; episode ~ [n_e > 0] p_e^alpha."""
+    """The law of episodes: chunk ~ n_e p_e^alpha; episode ~ [n_e > 0] p_e^alpha."""
     counts = eligible_starts(lengths, length)
     scaled = np.asarray(priorities, dtype=np.float64) ** alpha
     mass = counts * scaled if unit == "chunk" else (counts > 0) * scaled
@@ -149,7 +152,7 @@ def test_sample_prioritized_refuses_a_length_no_episode_has() -> None:
 @pytest.mark.statistical
 @pytest.mark.parametrize("unit", ["chunk", "episode"])
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_prioritized_distribution_matches_spec(unit: str, alpha: float) -> None:
+def test_prioritized_distribution_matches_the_law(unit: str, alpha: float) -> None:
     """Episodes are drawn ~ n_e p^a (chunk) or ~ p^a (episode), starts uniform (chi-square)."""
     buffer, ids = _buffer(unit, alpha, seed=11)
     batch = buffer.sample_prioritized(DRAWS, 3)
@@ -229,7 +232,7 @@ def test_sample_stays_uniform_on_a_prioritized_buffer(unit: str) -> None:
 @pytest.mark.statistical
 @pytest.mark.parametrize("unit", ["chunk", "episode"])
 def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
-    """Lengths 3, 5, 3, 5 with updates and an add between: every phase matches the SPEC."""
+    """Lengths 3, 5, 3, 5 with updates and an add between: every phase matches the law."""
     alpha = 0.7
     buffer, ids = _buffer(unit, alpha, seed=41)
     lengths, priorities = list(LENGTHS), priorities_of(ERRORS)

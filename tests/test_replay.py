@@ -1,5 +1,8 @@
-"""`SequenceReplay` behaviour (SPEC section 2): sampling, its statistics and errors, determinism,
-the reuse limit, stats, persistence and thread safety.
+"""`SequenceReplay`: construction, `sample` and its refusals, the uniform laws of chunks,
+determinism under a seed, stats and thread safety.
+
+``unit="chunk"`` draws every eligible (episode, start) equally often; ``unit="episode"`` draws
+every episode at least ``length`` long equally often, then a start uniformly.
 
 Every step of a test episode carries a unique int64 ``serial`` (see `conftest.make_episode`), so a
 chunk can be checked against the episode and start the batch reports for it.
@@ -299,7 +302,7 @@ def test_torch_generator_as_seed_matches_the_integer_seed():
 
 
 def test_stats_has_every_key_and_starts_at_zero():
-    """`stats()` holds every SPEC counter, all zero for a new buffer."""
+    """`stats()` holds every documented counter, all zero for a new buffer."""
     stats = SequenceReplay(10).stats()
     assert set(stats) >= REQUIRED_STATS
     assert all(stats[key] == 0 for key in REQUIRED_STATS)

@@ -1,6 +1,7 @@
-"""The transition ring and episode table seen through `SequenceReplay` (SPEC section 2).
+"""The transition ring and episode table seen through `SequenceReplay`: at most ``capacity``
+transitions, in whole episodes, evicted oldest first.
 
-Capacity, wrap-around across the ring's seam, oldest-first eviction of whole episodes, ids,
+Capacity, wrap-around across the ring's seam (by each copy path of `add`), eviction, ids,
 lookups, the schema the first episode fixes, atomic `extend`, and copy semantics (no aliasing
 between the caller's tensors, stored data and sampled batches).
 """

@@ -1,11 +1,11 @@
-"""`Window` and anchor/window semantics (SPEC section 4): validation, hand-computed record
-tables for every boundary policy, `gather_windows` errors, and `sample_windows` eligibility,
-equivalence with `sample` / `sample_prioritized`, and sampled frequencies.
+"""`Window` and what an anchor expands to: validation, hand-computed record tables for every
+boundary policy, `gather_windows` errors, and `sample_windows` eligibility, equivalence with
+`sample` / `sample_prioritized`, and sampled frequencies.
 
-The record tables are written out by hand from SPEC section 4 (record ``k`` of an anchor
-``(e, t)`` targets step ``t + (k - burn_in) * dilation``), never recomputed with the formula.
-Every step carries a ``serial``: episode ``e`` of the standard buffer stores serials
-``100 * (e + 1) + step``.
+The record tables are written out by hand from the rule that record ``k`` of an anchor
+``(e, t)`` targets step ``t + (k - burn_in) * dilation``, never recomputed with the formula.
+Every step carries a ``serial``: episode ``e`` of the standard buffer
+(`conftest.standard_buffer`) stores serials ``100 * (e + 1) + step``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _assert_data_is_stored_values(buffer, batch):
         ),
     ],
 )
-def test_window_rejects_values_outside_the_spec_ranges(kwargs, message):
+def test_window_rejects_values_outside_their_ranges(kwargs, message):
     """Window raises ValueError (InvalidArgumentError) naming the parameter, rule and value."""
     with pytest.raises(InvalidArgumentError, match=message) as caught:
         Window(**kwargs)
