@@ -1,4 +1,9 @@
-"""Shared fixtures: small episodes whose every step carries a unique serial number."""
+"""Shared fixtures and builders, imported by the test modules (``from conftest import ...``).
+
+Small episodes whose every step carries a unique serial number; the two index engines; the
+standard buffer with the anchors and tables computed by hand for it; wrapped buffers, seeded
+twins and the calls that drive them; and prioritized buffers with known priorities.
+"""
 
 from __future__ import annotations
 
@@ -49,7 +54,7 @@ def index_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     return str(request.param)
 
 
-# For single tests of a module that does not run on both engines as a whole (``pytestmark``).
+# `index_engine` as a mark, for single tests in a module whose other tests run once.
 both_engines = pytest.mark.usefixtures("index_engine")
 
 
@@ -143,7 +148,7 @@ ROUTING_ERRORS = [
 ]
 
 
-# ------------------------------------- buffers driven through a fixed sequence of calls
+# ------------------------------------------------------------ wrapped buffers and twins
 
 
 def assert_chunks_match_storage(
