@@ -32,10 +32,7 @@ from conftest import (
 from scipy import stats as scipy_stats
 from stats import chi_square_pvalue
 
-from lucid_replay import (
-    Batch,
-    SequenceReplay,
-)
+from lucid_replay import Batch, SequenceReplay
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
 
