@@ -239,7 +239,13 @@ def test_state_dict_layout_is_pinned_key_by_key(kind):
         2,
         kind.__name__,
     )
-    config = {"capacity": 30, "device": "cpu", "unit": "chunk", "max_times_sampled": None}
+    config = {
+        "capacity": 30,
+        "device": "cpu",
+        "unit": "chunk",
+        "max_times_sampled": None,
+        "schema": None,  # none declared: the first episode fixed it
+    }
     if kind is PrioritizedSequenceReplay:
         config |= {"alpha": 0.6, "beta": 0.4, "epsilon": 1e-6}  # beta as constructed
     assert state["config"] == config
@@ -295,6 +301,16 @@ def test_state_dict_layout_is_pinned_key_by_key(kind):
         assert state["extra"] == {}
 
 
+def test_declared_schema_is_saved_in_the_configuration():
+    """A declared schema is saved in ``config["schema"]`` as ``[shape list, dtype name]`` per
+    field, as the top-level ``schema`` is, before any episode is added."""
+    buffer = SequenceReplay(8, schema={"obs": ((2,), torch.float32), "serial": ((), torch.int64)})
+    state = buffer.state_dict()
+    declared = {"obs": [[2], "torch.float32"], "serial": [[], "torch.int64"]}
+    assert state["config"]["schema"] == state["schema"] == declared
+    assert state["data"] == {}
+
+
 @pytest.mark.parametrize("kind", [SequenceReplay, PrioritizedSequenceReplay])
 def test_saved_file_is_the_state_plus_exactly_a_checksum(tmp_path, kind):
     """A file holds the state dict's entries unchanged and one more: a SHA-256 ``checksum``."""
@@ -315,6 +331,7 @@ def _literal_state(version: int) -> dict:
         "format": "lucid_replay.buffer",
         "version": version,
         "class": "SequenceReplay",
+        # A configuration without "schema" (from before declared schemas) means none declared.
         "config": {"capacity": 8, "device": "cpu", "unit": "chunk", "max_times_sampled": None},
         "schema": {"serial": [[], "torch.int64"], "obs": [[2], "torch.float32"]},
         "table": {
