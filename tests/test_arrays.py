@@ -21,6 +21,7 @@ def _same(from_numpy: np.ndarray, from_torch: torch.Tensor) -> None:
 
 
 def test_engine_is_a_numpy_view_on_cpu_unless_switched_off(monkeypatch):
+    """On CPU the engine is a numpy view of the tensor's memory; switched off, the tensor."""
     tensor = torch.zeros(3)
     view = arrays.engine(tensor)
     view[1] = 5.0
@@ -32,11 +33,13 @@ def test_engine_is_a_numpy_view_on_cpu_unless_switched_off(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32, torch.float64])
 def test_cast(dtype):
+    """cast gives the same values and dtype on both engines."""
     host, device = _both([0.0, 1.5, -2.0], torch.float64)
     _same(arrays.cast(host, dtype), arrays.cast(device, dtype))
 
 
 def test_minimum_where_row_max_and_flat_nonzero():
+    """minimum, where, row_max and flat_nonzero agree on numpy arrays and tensors."""
     first, first_t = _both([[3, -1, 7], [0, 2, 2]], torch.int64)
     second, second_t = _both([[1, 4, 7], [5, -3, 9]], torch.int64)
     _same(arrays.minimum(first, second), arrays.minimum(first_t, second_t))
@@ -47,12 +50,14 @@ def test_minimum_where_row_max_and_flat_nonzero():
 
 
 def test_all_finite():
+    """all_finite agrees with numpy on both engines, for NaN and infinities too."""
     for values in ([1.0, 2.0], [1.0, float("nan")], [float("-inf")]):
         host, device = _both(values, torch.float32)
         assert arrays.all_finite(host) == arrays.all_finite(device) == np.isfinite(values).all()
 
 
 def test_concatenate_and_from_ints(monkeypatch):
+    """concatenate agrees on both engines; from_ints gives the engine's array for the device."""
     parts, parts_t = zip(*(_both(v, torch.int64) for v in ([1, 2], [3], [4, 5])), strict=True)
     _same(arrays.concatenate(list(parts)), arrays.concatenate(list(parts_t)))
     host = arrays.from_ints([7, 8], torch.device("cpu"))
@@ -62,6 +67,7 @@ def test_concatenate_and_from_ints(monkeypatch):
 
 
 def test_add_at_counts_repeated_indices_once_each():
+    """add_at adds once per occurrence of an index, also when indices repeat."""
     target, target_t = _both([0, 0, 0, 0], torch.int64)
     indices, indices_t = _both([1, 3, 1, 1], torch.int64)
     arrays.add_at(target, indices, 2)
@@ -88,5 +94,6 @@ def test_assign_max_keeps_the_largest_value_of_a_repeated_index():
 
 @pytest.mark.parametrize("values", [[], [4], [3, 3, 3], [5, 1, 5, 2, 1, 9]])
 def test_count_distinct(values):
+    """count_distinct counts distinct values alike on both engines, empty input included."""
     host, device = _both(values, torch.int64)
     assert arrays.count_distinct(host) == arrays.count_distinct(device) == len(set(values))

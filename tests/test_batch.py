@@ -1,42 +1,42 @@
-"""Batches and what flows back from them (SPEC sections 2-4): `WindowBatch` / `Batch` /
-`PrioritizedBatch` structure and device moves, priority routing (`update_priorities_from`),
-stored-state write-back, the prefetching iterator, and CUDA paths (skipped without a GPU).
+"""Batches: `WindowBatch` / `Batch` / `PrioritizedBatch` structure and device moves, the memory
+every batch owns, and the CUDA paths (skipped without a GPU).
 
-The standard buffer holds episodes of lengths [4, 2, 6] (ids 0, 1, 2; the second terminated)
-whose steps carry serials ``100 * (id + 1) + step``. The anchors and the window are those of
-the hand-computed tables in test_window.py; the record layouts used here are repeated in the
-comments.
+Tests use the standard buffer (`conftest.standard_buffer`): episodes of lengths [4, 2, 6] (ids
+0, 1, 2; the second terminated) whose steps carry serials ``100 * (id + 1) + step``. The
+anchors and the window are those of the hand-computed tables in test_window.py; the record
+layouts used here are repeated in the comments.
 """
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
-import time
-
 import pytest
 import torch
-from conftest import cuda, make_episode
+from conftest import (
+    ANCHOR_IDS,
+    ANCHOR_STEPS,
+    ROUTING_ERRORS,
+    ROUTING_IDS,
+    ROUTING_STEPS,
+    TABLE_WINDOW,
+    F,
+    T,
+    cuda,
+    make_episode,
+    standard_buffer,
+    stored,
+    write_values,
+)
 
 from lucid_replay import (
     Batch,
-    InvalidArgumentError,
     PrioritizedBatch,
     PrioritizedSequenceReplay,
-    SchemaDtypeError,
     SequenceReplay,
     Window,
     WindowBatch,
 )
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
-
-F, T = False, True
-PREFETCH_THREAD = "lucid_replay-prefetch"
-
-# Records target t-4, t-2, t, t+2, t+4 (W = 5); learning records are k = 2, 3.
-TABLE_WINDOW = {"length": 2, "burn_in": 2, "bootstrap": 1, "dilation": 2}
 
 
 # The [B, W] entries of a WindowBatch besides its data.
@@ -51,24 +51,12 @@ PER_RECORD = (
 )
 
 
-def _standard_buffer(buffer_type=SequenceReplay, capacity=100, **kwargs):
-    buffer = buffer_type(capacity=capacity, **kwargs)
-    buffer.add(make_episode(4, first_serial=100))
-    buffer.add(make_episode(2, terminated=True, first_serial=200))
-    buffer.add(make_episode(6, first_serial=300))
-    return buffer
-
-
-def _stored(buffer, episode_id, name="serial"):
-    return buffer[episode_id][name].tolist()
-
-
 # ------------------------------------------------------------------ WindowBatch structure
 
 
 def test_window_batch_getitem_is_the_data_field():
     """batch[name] is batch.data[name], [B, W, *field_shape]."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     batch = buffer.gather_windows([0, 2], [1, 3], Window(2, burn_in=1))
     for name in ("serial", "obs", "done"):
         assert batch[name] is batch.data[name]
@@ -79,7 +67,7 @@ def test_window_batch_getitem_is_the_data_field():
 
 def test_window_batch_flat_keys_shapes_and_sequence_id():
     """flat() holds every data field, every per-record entry and sequence_id, all [B*W, ...]."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     batch = buffer.gather_windows(
         [2, 0, 1], [1, 3, 0], Window(**TABLE_WINDOW, boundary="include_reset")
     )
@@ -103,7 +91,7 @@ def test_window_batch_flat_keys_shapes_and_sequence_id():
 
 def test_window_batch_to_cpu_returns_equal_tensors():
     """to('cpu') returns a WindowBatch whose every tensor equals the original; weights kept."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, seed=0)
+    buffer = standard_buffer(PrioritizedSequenceReplay, seed=0)
     for batch in (
         buffer.gather_windows([0, 2], [1, 3], Window(2, burn_in=1)),
         buffer.sample_windows(4, Window(2, burn_in=1)),
@@ -123,7 +111,7 @@ def test_window_batch_to_cpu_returns_equal_tensors():
 
 def test_batch_and_prioritized_batch_to_keep_their_class_and_values():
     """Batch.to and PrioritizedBatch.to return the same class with equal tensors."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, seed=3)
+    buffer = standard_buffer(PrioritizedSequenceReplay, seed=3)
     uniform = buffer.sample(5, 2)
     assert type(uniform) is Batch
     moved = uniform.to("cpu")
@@ -143,414 +131,14 @@ def test_batch_and_prioritized_batch_to_keep_their_class_and_values():
     assert torch.equal(prioritized.indices, prioritized.episode_ids)
 
 
-# ---------------------------------------------------------------- update_priorities_from
-
-# include_reset records of the anchors (2, 4), (0, 3), (1, 0), (2, 1):
-#   (2, 4): episodes [2, 2, 2, 2, 2], valid [T, T, T, F, F]  -> counted k = 2
-#   (0, 3): episodes [0, 0, 0, 1, 2], valid [F, T, T, T, T]  -> counted k = 2 (k = 3 is ep 1)
-#   (1, 0): episodes [0, 0, 1, 2, 2], valid [T, T, T, T, T]  -> counted k = 2 (k = 3 is ep 2)
-#   (2, 1): episodes [0, 1, 2, 2, 2], valid [T, T, T, T, T]  -> counted k = 2, 3
-ROUTING_IDS = [2, 0, 1, 2]
-ROUTING_STEPS = [4, 3, 0, 1]
-NAN, INF = float("nan"), float("inf")
-ROUTING_ERRORS = [
-    [0.0, 0.0, 4.0, NAN, 0.0],  # only 4.0 counts              -> 4.0
-    [INF, 5.0, 0.5, 100.0, NAN],  # 5.0 burn-in, 100.0 episode 1 -> 0.5
-    [7.0, 7.0, -1.5, 9.0, 8.0],  # 9.0 belongs to episode 2   -> 1.5
-    [NAN, INF, -3.0, 1.0, NAN],  # max 3, mean 2              -> 0.75*3 + 0.25*2 = 2.75
-]
-
-
-def _routing_buffer():
-    buffer = _standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
-    window = Window(**TABLE_WINDOW, boundary="include_reset")
-    batch = buffer.gather_windows(ROUTING_IDS, ROUTING_STEPS, window)
-    return buffer, batch
-
-
-def test_update_priorities_from_applies_the_r2d2_mix_over_counted_records():
-    """eta*max|d| + (1-eta)*mean|d| over learning, valid, own-episode records; duplicates max."""
-    buffer, batch = _routing_buffer()
-    applied = buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=0.75)
-    assert applied == 3
-    # p = mix + epsilon: episode 0 -> 0.5, episode 1 -> 1.5, episode 2 -> max(4.0, 2.75).
-    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]
-    assert buffer.max_priority == 4.25
-
-
-def test_update_priorities_from_default_eta_is_0_9():
-    """The default eta is 0.9: max 3 and mean 2 give 0.9*3 + 0.1*2 = 2.9."""
-    buffer, batch = _routing_buffer()
-    errors = torch.tensor(ROUTING_ERRORS)
-    errors[0, 2] = 0.0  # episode 2's other window now mixes to 0
-    assert buffer.update_priorities_from(batch, errors) == 3
-    assert buffer.priorities.tolist() == pytest.approx([0.75, 1.75, 3.15])
-
-
-def test_update_priorities_from_non_finite_inside_the_mask_raises_and_updates_nothing():
-    """A NaN or inf on a counted record raises ValueError; no priority changes."""
-    for row, column, value in [(1, 2, NAN), (3, 3, INF), (0, 2, -INF)]:
-        buffer, batch = _routing_buffer()
-        errors = torch.tensor(ROUTING_ERRORS)
-        errors[row, column] = value
-        with pytest.raises(
-            ValueError,
-            match=r"^errors must be finite on valid learning records, got "
-            r"a NaN or infinite value$",
-        ):
-            buffer.update_priorities_from(batch, errors, eta=0.75)
-        assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
-        assert buffer.max_priority == 1.0
-
-
-def test_update_priorities_from_per_window_errors_are_used_as_they_are():
-    """[B] errors become the windows' priorities directly (|e| + epsilon, duplicates max)."""
-    buffer, batch = _routing_buffer()
-    # Windows of episodes [2, 0, 1, 2].
-    assert buffer.update_priorities_from(batch, [1.0, -2.0, 3.0, 0.5]) == 3
-    assert buffer.priorities.tolist() == [2.25, 3.25, 1.25]
-
-
-def test_update_priorities_from_never_routes_to_episodes_reached_through_include_reset():
-    """Episodes only reached through include_reset records keep their priority."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
-    # Anchor (1, 0) reaches episodes 0 and 2 through its records; only episode 1 is updated.
-    batch = buffer.gather_windows([1], [0], Window(**TABLE_WINDOW, boundary="include_reset"))
-    assert batch.record_episode_ids.tolist() == [[0, 0, 1, 2, 2]]
-    assert buffer.update_priorities_from(batch, [[50.0, 50.0, 2.0, 50.0, 50.0]]) == 1
-    assert buffer.priorities.tolist() == [1.0, 2.25, 1.0]
-
-
-def test_update_priorities_from_rejects_bad_shapes_and_batches():
-    """Errors not [B, W] or [B] raise ValueError; a non-WindowBatch raises TypeError."""
-    buffer, batch = _routing_buffer()
-    with pytest.raises(
-        ValueError, match=r"^errors must be of shape \(4, 5\) or \(4,\), got \(4, 4\)$"
-    ):
-        buffer.update_priorities_from(batch, torch.zeros(4, 4))
-    with pytest.raises(
-        ValueError, match=r"^errors must be of shape \(4, 5\) or \(4,\), got \(5,\)$"
-    ):
-        buffer.update_priorities_from(batch, torch.zeros(5))
-    with pytest.raises(TypeError, match=r"^batch must be a WindowBatch, got PrioritizedBatch$"):
-        buffer.update_priorities_from(buffer.sample_prioritized(4, 1), torch.zeros(4))
-    assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
-
-
-@pytest.mark.parametrize(
-    ("eta", "error", "message"),
-    [
-        (-0.1, ValueError, r"^eta must be >= 0\.0 and finite, got -0\.1$"),
-        (1.5, ValueError, r"^eta must be in \[0, 1\], got 1\.5$"),
-        (float("nan"), ValueError, r"^eta must be >= 0\.0 and finite, got nan$"),
-        ("0.5", TypeError, r"^eta must be a real number, got '0\.5'$"),
-    ],
-)
-def test_update_priorities_from_validates_eta(eta, error, message):
-    """eta outside [0, 1] (or not a real number) is refused and nothing is updated."""
-    buffer, batch = _routing_buffer()
-    with pytest.raises(error, match=message):
-        buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=eta)
-    assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
-
-
-def test_update_priorities_from_accepts_eta_0_and_1():
-    """eta=1 is the max alone, eta=0 the mean alone."""
-    buffer, batch = _routing_buffer()
-    buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=1.0)
-    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]  # episode 2: max(4, 3)
-    errors = torch.tensor(ROUTING_ERRORS)
-    errors[0, 2] = 0.0
-    buffer.update_priorities_from(batch, errors, eta=0.0)
-    assert buffer.priorities.tolist() == [0.75, 1.75, 2.25]  # episode 2: mean(3, 1)
-
-
-def test_update_priorities_from_skips_evicted_episodes():
-    """Windows of episodes evicted since the draw are skipped and not counted."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, capacity=12, epsilon=0.25, seed=0)
-    batch = buffer.gather_windows([0, 2], [0, 0], Window(1))
-    buffer.add(make_episode(4))  # evicts episode 0; episode 3 reuses its ring slots
-    assert list(buffer.episode_ids) == [1, 2, 3]
-    assert buffer.update_priorities_from(batch, [[8.0], [2.0]]) == 1
-    assert buffer.priorities.tolist() == [1.0, 2.25, 1.0]
-    assert buffer.max_priority == 2.25
-
-
-def test_update_priorities_from_takes_values_of_grad_requiring_errors():
-    """TD errors that require grad set plain priorities: nothing of the graph is kept."""
-    buffer, batch = _routing_buffer()
-    scale = torch.tensor(1.0, requires_grad=True)
-    applied = buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS) * scale, eta=0.75)
-    assert applied == 3
-    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]
-    assert not buffer.priorities.requires_grad
-
-
-# ------------------------------------------------------------------------- write_back
-
-# pad records of the anchors (2, 1), (0, 3), (1, 0), (2, 4):
-#   (2, 1): steps [0, 0, 1, 3, 5], valid [F, F, T, T, T]
-#   (0, 3): steps [0, 1, 3, 3, 3], valid [F, T, T, F, F]
-#   (1, 0): steps [0, 0, 0, 1, 1], valid [F, F, T, F, F]
-#   (2, 4): steps [0, 2, 4, 5, 5], valid [T, T, T, F, F]
-# values = 9000 + 5 b + k.
-WRITE_IDS = [2, 0, 1, 2]
-WRITE_STEPS = [1, 3, 0, 4]
-
-
-def _write_values(batch_size=4, window_size=5):
-    return 9000 + torch.arange(batch_size * window_size, dtype=torch.int64).reshape(
-        batch_size, window_size
-    )
-
-
-def test_write_back_writes_valid_records_only():
-    """Values land at valid records' (episode, step); invalid (clamped) records are skipped."""
-    buffer = _standard_buffer()
-    batch = buffer.gather_windows(WRITE_IDS, WRITE_STEPS, Window(**TABLE_WINDOW))
-    obs_before = [buffer[e]["obs"].clone() for e in range(3)]
-    assert buffer.write_back(batch, "serial", _write_values()) == 9
-    assert _stored(buffer, 0) == [100, 9006, 102, 9007]
-    assert _stored(buffer, 1) == [9012, 201]  # step 1 only reached by invalid records
-    assert _stored(buffer, 2) == [9015, 9002, 9016, 9003, 9017, 9004]
-    for e in range(3):
-        assert torch.equal(buffer[e]["obs"], obs_before[e])
-
-
-def test_write_back_with_include_reset_writes_records_of_neighbouring_episodes():
-    """Valid include_reset records in other episodes are written at their own (episode, step)."""
-    buffer = _standard_buffer()
-    # Anchor (1, 0): records ep 0 s0, ep 0 s2, ep 1 s0, ep 2 s0, ep 2 s2, all valid.
-    batch = buffer.gather_windows([1], [0], Window(**TABLE_WINDOW, boundary="include_reset"))
-    values = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0], [9.0, 10.0]]])
-    assert buffer.write_back(batch, "obs", values) == 5
-    assert buffer[0]["obs"].tolist() == [[1.0, 2.0], [101.0, -101.0], [3.0, 4.0], [103.0, -103.0]]
-    assert buffer[1]["obs"].tolist() == [[5.0, 6.0], [201.0, -201.0]]
-    assert buffer[2]["obs"][:3].tolist() == [[7.0, 8.0], [301.0, -301.0], [9.0, 10.0]]
-
-
-def test_write_back_skips_episodes_evicted_since_the_draw():
-    """Records of evicted episodes are skipped, uncounted; their slots' new owner is untouched."""
-    buffer = _standard_buffer(capacity=12)
-    batch = buffer.gather_windows([0, 2], [1, 2], Window(2, burn_in=1))
-    # (0, 1): steps 0, 1, 2 valid; (2, 2): steps 1, 2, 3 valid.
-    newcomer = buffer.add(make_episode(4, first_serial=500))  # takes episode 0's ring slots
-    assert list(buffer.episode_ids) == [1, 2, 3]
-    values = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int64)
-    assert buffer.write_back(batch, "serial", values) == 3
-    assert _stored(buffer, newcomer) == [500, 501, 502, 503]
-    assert _stored(buffer, 2) == [300, 4, 5, 6, 304, 305]
-    assert _stored(buffer, 1) == [200, 201]
-
-
-def test_write_back_stores_values_not_an_autograd_graph():
-    """Values computed with grad are stored as data: later batches do not require grad."""
-    buffer = _standard_buffer(seed=0)
-    batch = buffer.gather_windows(WRITE_IDS, WRITE_STEPS, Window(**TABLE_WINDOW))
-    scale = torch.tensor(2.0, requires_grad=True)
-    assert buffer.write_back(batch, "obs", batch["obs"] * scale) == 9
-    assert buffer[0]["obs"][1].tolist() == [202.0, -202.0]
-    assert not buffer[0]["obs"].requires_grad
-    assert not buffer.sample(4, 2)["obs"].requires_grad
-
-
-@pytest.mark.parametrize(
-    ("name", "values", "error", "message"),
-    [
-        (
-            "serial",
-            torch.zeros(4, 5, dtype=torch.float32),
-            SchemaDtypeError,
-            r"^values must have dtype torch\.int64, got torch\.float32$",
-        ),
-        (
-            "serial",
-            torch.zeros(4, 4, dtype=torch.int64),
-            InvalidArgumentError,
-            r"^values must be of shape \(4, 5\), got \(4, 4\)$",
-        ),
-        (
-            "obs",
-            torch.zeros(4, 5, dtype=torch.float32),
-            InvalidArgumentError,
-            r"^values must be of shape \(4, 5, 2\), got \(4, 5\)$",
-        ),
-        (
-            "hidden",
-            torch.zeros(4, 5),
-            InvalidArgumentError,
-            r"^name must be a stored field \['done', 'obs', 'serial'\], got 'hidden'$",
-        ),
-        (
-            "serial",
-            [[0] * 5] * 4,
-            TypeError,
-            r"^values must be a torch\.Tensor, got list$",
-        ),
-    ],
-)
-def test_write_back_refuses_bad_values_and_changes_nothing(name, values, error, message):
-    """Wrong dtype -> TypeError; wrong shape or unknown field -> ValueError; nothing written."""
-    buffer = _standard_buffer()
-    batch = buffer.gather_windows(WRITE_IDS, WRITE_STEPS, Window(**TABLE_WINDOW))
-    with pytest.raises(error, match=message) as caught:
-        buffer.write_back(batch, name, values)
-    builtin = TypeError if error in (SchemaDtypeError, TypeError) else ValueError
-    assert isinstance(caught.value, builtin)
-    assert _stored(buffer, 0) == [100, 101, 102, 103]
-    assert _stored(buffer, 2) == [300, 301, 302, 303, 304, 305]
-
-
-# --------------------------------------------------------------------------- iterate
-
-
-def _prefetch_threads(exclude=()):
-    return [
-        thread
-        for thread in threading.enumerate()
-        if thread.name == PREFETCH_THREAD and thread not in exclude
-    ]
-
-
-def _wait_until_stopped(threads, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while any(thread.is_alive() for thread in threads) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return not any(thread.is_alive() for thread in threads)
-
-
-def test_iterate_yields_window_batches_of_the_right_shape():
-    """iterate() yields WindowBatches of [B, W] records, drawn like sample_windows."""
-    buffer = _standard_buffer(seed=0)
-    window = Window(2, burn_in=1, bootstrap=1)
-    batches = buffer.iterate(3, window, prefetch=2)
-    try:
-        for _ in range(4):
-            batch = next(batches)
-            assert isinstance(batch, WindowBatch)
-            assert tuple(batch.validity_mask.shape) == (3, 4)
-            assert tuple(batch["obs"].shape) == (3, 4, 2)
-            assert batch.learning_mask.tolist() == [[F, T, T, F]] * 3
-            assert batch.weights is None
-    finally:
-        batches.close()
-
-
-def test_iterate_thread_stops_when_the_generator_is_closed():
-    """Closing the iterator after use ends the prefetch thread."""
-    before = _prefetch_threads()
-    buffer = _standard_buffer(seed=0)
-    batches = buffer.iterate(2, Window(1), prefetch=1)
-    next(batches)
-    started = _prefetch_threads(exclude=before)
-    assert len(started) == 1 and started[0].is_alive()
-    batches.close()
-    assert _wait_until_stopped(started)
-
-
-def test_iterate_thread_stops_when_closed_before_the_first_batch():
-    """Closing the iterator before taking any batch also ends the prefetch thread."""
-    before = _prefetch_threads()
-    buffer = _standard_buffer(seed=0)
-    batches = buffer.iterate(2, Window(1), prefetch=1)
-    started = _prefetch_threads(exclude=before)
-    try:
-        batches.close()
-        assert _wait_until_stopped(started, timeout=1.0)
-    finally:
-        # Stop the leaked worker so it does not outlive the test (drain it, then start-and-close).
-        if started and started[0].is_alive():
-            _stop_leaked_worker(started[0])
-
-
-def _stop_leaked_worker(thread):
-    """Stop a worker whose consumer generator was closed unstarted (via its closure's event)."""
-    for stop in _worker_closure(thread, threading.Event):
-        stop.set()
-    thread.join(timeout=5.0)
-
-
-def _worker_closure(thread, kind):
-    """The object of type ``kind`` the prefetch worker's function closes over (event, queue)."""
-    cells = getattr(getattr(thread, "_target", None), "__closure__", None) or ()
-    return [cell.cell_contents for cell in cells if isinstance(cell.cell_contents, kind)]
-
-
-def test_iterate_close_returns_when_the_worker_failed_behind_a_full_queue():
-    """close() returns promptly even if the worker failed while the prefetch queue was full."""
-    before = _prefetch_threads()
-    buffer = SequenceReplay(capacity=20, seed=0, max_times_sampled=2)
-    buffer.add(make_episode(4))  # two draws allowed in all
-    batches = buffer.iterate(1, Window(1), prefetch=1)
-    next(batches)  # draw 1; the worker queues draw 2, then draw 3 fails (reuse limit)
-    (worker,) = _prefetch_threads(exclude=before)
-    deadline = time.monotonic() + 5.0
-    while buffer.stats()["chunks_sampled"] < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # let the worker reach its hand-over of the error
-    closer = threading.Thread(target=batches.close, daemon=True)
-    closer.start()
-    closer.join(timeout=2.0)
-    try:
-        assert not closer.is_alive(), "close() did not return"
-        assert _wait_until_stopped([worker])
-    finally:
-        for ready in _worker_closure(worker, queue.Queue):  # unblock the stuck put
-            while worker.is_alive():
-                with contextlib.suppress(queue.Empty):
-                    ready.get(timeout=0.05)
-        closer.join(timeout=5.0)
-
-
-def test_iterate_worker_errors_surface_in_the_consumer():
-    """An error raised in the prefetch thread is raised by next(); the thread then ends."""
-    before = _prefetch_threads()
-    buffer = SequenceReplay(capacity=20, seed=0)
-    buffer.add(make_episode(2))
-    buffer.add(make_episode(3))
-    batches = buffer.iterate(2, Window(4))
-    started = _prefetch_threads(exclude=before)
-    with pytest.raises(
-        ValueError, match=r"^length must be <= the longest stored episode \(3 steps\), got 4$"
-    ):
-        next(batches)
-    assert _wait_until_stopped(started)
-
-
-def test_iterate_validates_its_arguments_eagerly():
-    """batch_size, prefetch and window are checked when iterate() is called, before any thread."""
-    buffer = _standard_buffer(seed=0)
-    before = _prefetch_threads()
-    with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got 0$"):
-        buffer.iterate(0, Window(1))
-    with pytest.raises(ValueError, match=r"^prefetch must be >= 1, got 0$"):
-        buffer.iterate(2, Window(1), prefetch=0)
-    with pytest.raises(TypeError, match=r"^window must be a Window, got int$"):
-        buffer.iterate(2, 1)
-    assert _prefetch_threads(exclude=before) == []
-
-
-def test_iterate_on_a_prioritized_buffer_yields_weights():
-    """On a PrioritizedSequenceReplay iterate() draws by priority (weights present)."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, seed=0)
-    batches = buffer.iterate(4, Window(2))
-    try:
-        batch = next(batches)
-        assert batch.weights is not None
-        assert tuple(batch.weights.shape) == (4,)
-        assert float(batch.weights.max()) == 1.0
-    finally:
-        batches.close()
-
-
 # ------------------------------------------------------------------------------ CUDA
 
 
 @cuda
 def test_cpu_storage_to_cuda_target_gives_cuda_tensors_equal_to_the_cpu_draw():
     """CPU storage, device='cuda': sample / sample_windows / gather_windows land on CUDA."""
-    on_cpu = _standard_buffer(PrioritizedSequenceReplay, seed=9)
-    to_cuda = _standard_buffer(PrioritizedSequenceReplay, seed=9)
+    on_cpu = standard_buffer(PrioritizedSequenceReplay, seed=9)
+    to_cuda = standard_buffer(PrioritizedSequenceReplay, seed=9)
     window = Window(2, burn_in=2, bootstrap=1, dilation=2, boundary="include_reset")
 
     expected, got = on_cpu.sample(6, 2), to_cuda.sample(6, 2, device="cuda")
@@ -586,7 +174,7 @@ def test_cpu_storage_to_cuda_target_gives_cuda_tensors_equal_to_the_cpu_draw():
 @cuda
 def test_cuda_storage_end_to_end():
     """Storage on CUDA: sample, sample_windows, update_priorities_from and write_back all work."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0, device="cuda")
+    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0, device="cuda")
     assert buffer.device.type == "cuda"
     chunks = buffer.sample(4, 2)
     assert chunks["obs"].is_cuda and chunks.starts.is_cuda
@@ -601,31 +189,16 @@ def test_cuda_storage_end_to_end():
     assert buffer.update_priorities_from(batch, errors, eta=0.75) == 3
     assert buffer.priorities.cpu().tolist() == [0.75, 1.75, 4.25]
 
-    pad = buffer.gather_windows(WRITE_IDS, WRITE_STEPS, Window(**TABLE_WINDOW))
-    assert buffer.write_back(pad, "serial", _write_values().cuda()) == 9
-    assert _stored(buffer, 0) == [100, 9006, 102, 9007]
-    assert _stored(buffer, 2) == [9015, 9002, 9016, 9003, 9017, 9004]
+    pad = buffer.gather_windows(ANCHOR_IDS, ANCHOR_STEPS, Window(**TABLE_WINDOW))
+    assert buffer.write_back(pad, "serial", write_values().cuda()) == 9
+    assert stored(buffer, 0) == [100, 9006, 102, 9007]
+    assert stored(buffer, 2) == [9015, 9002, 9016, 9003, 9017, 9004]
 
     batches = buffer.iterate(2, Window(1))
     try:
         assert next(batches)["serial"].is_cuda
     finally:
         batches.close()
-
-
-def test_update_priorities_from_mask_narrows_the_counted_records():
-    """mask= leaves out records without a TD error; a window left with none keeps its priority."""
-    buffer = PrioritizedSequenceReplay(capacity=100, alpha=1.0, seed=0)
-    first, second = buffer.add(make_episode(6)), buffer.add(make_episode(6))
-    batch = buffer.gather_windows([first, second], [0, 0], Window(3))
-    errors = torch.tensor([[1.0, 2.0, 8.0], [5.0, 5.0, 5.0]])
-    mask = torch.tensor([[True, True, False], [False, False, False]])
-    applied = buffer.update_priorities_from(batch, errors, eta=0.5, mask=mask)
-    assert applied == 1
-    expected = 0.5 * 2.0 + 0.5 * 1.5 + buffer.epsilon
-    assert buffer.priorities.tolist() == pytest.approx([expected, 1.0])
-    with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \(2, 3\)"):
-        buffer.update_priorities_from(batch, errors, mask=torch.ones(2, 3))
 
 
 # ----------------------------------------------------------------------- memory ownership
@@ -661,28 +234,3 @@ def test_chunk_batches_own_their_memory():
     batch.starts[:] = 3
     assert buffer[0]["serial"].tolist() == list(range(6))
     assert buffer.sample(4, 6).starts.tolist() == [0, 0, 0, 0]
-
-
-def test_write_back_into_a_chunk_batch():
-    """`write_back` accepts a chunk `Batch`: every record is valid, evicted episodes are
-    skipped (old: AttributeError)."""
-    buffer = SequenceReplay(capacity=20, seed=0)
-    buffer.extend(make_episode(8, first_serial=100 * i) for i in range(2))
-    batch = buffer.sample(3, 4)
-    values = torch.stack([-batch["serial"], batch["serial"]], dim=2).to(torch.float32)
-    assert buffer.write_back(batch, "obs", values) == 12
-    for row in range(3):
-        episode = buffer[int(batch.episode_ids[row])]
-        start = int(batch.starts[row])
-        assert torch.equal(episode["obs"][start : start + 4], values[row])
-    buffer.add(make_episode(8))  # evicts episode 0
-    written = int((batch.episode_ids != 0).sum()) * 4
-    assert buffer.write_back(batch, "obs", values) == written
-
-
-def test_write_back_refuses_what_is_not_a_batch():
-    """`write_back` of something that is not a batch is our `TypeError`."""
-    buffer = SequenceReplay(capacity=20, seed=0)
-    buffer.add(make_episode(8))
-    with pytest.raises(TypeError, match="batch must be a Batch or WindowBatch"):
-        buffer.write_back({"obs": torch.zeros(1)}, "obs", torch.zeros(1, 1, 2))

@@ -1,4 +1,5 @@
-"""`Episode` (SPEC section 1): construction, conversion, immutability and every refusal."""
+"""`Episode`, one whole episode as per-step tensors: construction, conversion, immutability
+and every refusal."""
 
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ def test_fields_cannot_be_rebound(attribute):
 
 
 def test_schema_states_per_step_shapes_and_dtypes():
+    """An episode's schema maps each field to its per-step shape and dtype, read-only."""
     episode = Episode({"obs": torch.zeros(3, 4, 2), "done": [False, False, True]})
     assert dict(episode.schema) == {"obs": ((4, 2), torch.float32), "done": ((), torch.bool)}
     with pytest.raises(TypeError):

@@ -1,8 +1,11 @@
-"""`PrioritizedSequenceReplay` against SPEC section 3 (and the reuse limit of section 2).
+"""`PrioritizedSequenceReplay`: episodes drawn in proportion to ``n_e p_e^alpha`` (``unit="chunk"``,
+``n_e`` eligible starts) or ``p_e^alpha`` (``unit="episode"``) with ``p = |error| + epsilon``,
+starts uniform; importance weights; beta annealing; the maximum priority new episodes get; and
+priorities set from errors (`update_priorities`, `update_priorities_from`).
 
 Statistical tests draw ~20k chunks at a fixed seed and compare the (episode, start) frequencies
-with the SPEC formulas by chi-square (accepted at p > ACCEPT). Each also shows its power: the
-same counts are rejected (p < REJECT) against a plausible wrong formula, so the test could fail.
+with those laws by chi-square (accepted at p > ACCEPT). Each also shows its power: the same
+counts are rejected (p < REJECT) against a plausible wrong law, so the test could fail.
 """
 
 from __future__ import annotations
@@ -13,23 +16,39 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from conftest import assert_refused, make_episode
+from conftest import (
+    EPSILON,
+    INF,
+    NAN,
+    ROUTING_ERRORS,
+    ROUTING_IDS,
+    ROUTING_STEPS,
+    TABLE_WINDOW,
+    assert_refused,
+    make_episode,
+    priorities_of,
+    prioritized_buffer,
+    standard_buffer,
+)
+from stats import (
+    ACCEPT,
+    DRAWS,
+    REJECT,
+    chi_square_pvalue,
+    eligible_starts,
+    episode_counts,
+    expected_weights,
+)
 
 from lucid_replay import (
     InvalidArgumentError,
     PrioritizedBatch,
     PrioritizedSequenceReplay,
-    ReuseLimitError,
     SequenceReplay,
-    sum_tree,
+    Window,
 )
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
-
-ACCEPT = 1e-3  # fixed seeds: a pass is a pass; this only sets how lucky a seed had to be
-REJECT = 1e-6
-DRAWS = 20_000
-EPSILON = 1e-6
 
 # A length-2 episode is not eligible for length 3 and holds the largest priority, so any
 # leak of ineligible mass shows up strongly.
@@ -44,34 +63,17 @@ def _buffer(
     *,
     lengths: list[int] = LENGTHS,
     errors: list[float] | None = ERRORS,
-    seed: int = 0,
-    capacity: int = 1_000,
     **kwargs: object,
 ) -> tuple[PrioritizedSequenceReplay, list[int]]:
-    buffer = PrioritizedSequenceReplay(
-        capacity, alpha=alpha, epsilon=EPSILON, unit=unit, seed=seed, **kwargs
-    )
-    ids = buffer.extend(make_episode(n) for n in lengths)
-    if errors is not None:
-        assert buffer.update_priorities(ids, errors) == len(ids)
-    return buffer, ids
-
-
-def _priorities(errors: list[float]) -> np.ndarray:
-    """SPEC: p = |error| + epsilon."""
-    return np.abs(np.asarray(errors, dtype=np.float64)) + EPSILON
-
-
-def _anchors(lengths: list[int], length: int) -> np.ndarray:
-    """n_e: eligible chunk starts T - L + 1 (0 if the episode is too short)."""
-    return np.maximum(np.asarray(lengths) - length + 1, 0)
+    """`prioritized_buffer` of LENGTHS with priorities from ERRORS, unless told otherwise."""
+    return prioritized_buffer(unit, alpha, lengths=lengths, errors=errors, **kwargs)
 
 
 def _episode_probs(
     lengths: list[int], priorities: np.ndarray, length: int, alpha: float, unit: str
 ) -> np.ndarray:
-    """SPEC 3: chunk ~ n_e p_e^alpha; episode ~ [n_e > 0] p_e^alpha."""
-    counts = _anchors(lengths, length)
+    """The law of episodes: chunk ~ n_e p_e^alpha; episode ~ [n_e > 0] p_e^alpha."""
+    counts = eligible_starts(lengths, length)
     scaled = np.asarray(priorities, dtype=np.float64) ** alpha
     mass = counts * scaled if unit == "chunk" else (counts > 0) * scaled
     return mass / mass.sum()
@@ -90,39 +92,6 @@ def _joint_counts(batch, ids: list[int], anchors: np.ndarray) -> np.ndarray:
     assert (starts >= 0).all() and (starts < anchors[position]).all()
     offsets = np.concatenate([[0], np.cumsum(anchors)])[:-1]
     return np.bincount(offsets[position] + starts, minlength=int(anchors.sum()))
-
-
-def _pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
-    """Chi-square goodness of fit; cells of probability zero must be empty."""
-    observed, probs = np.asarray(observed), np.asarray(probs)
-    possible = probs > 0
-    assert observed[~possible].sum() == 0, "a zero-probability cell was drawn"
-    expected = probs[possible] / probs[possible].sum() * observed.sum()
-    return float(scipy.stats.chisquare(observed[possible], expected).pvalue)
-
-
-def _episode_counts(batch, ids: list[int]) -> np.ndarray:
-    return np.bincount(batch.episode_ids.numpy() - ids[0], minlength=len(ids))
-
-
-def _expected_weights(
-    batch_priorities: np.ndarray,
-    lengths: list[int],
-    priorities: np.ndarray,
-    length: int,
-    alpha: float,
-    beta: float,
-    unit: str,
-) -> np.ndarray:
-    """SPEC 3: w = (N P)^-beta / max over the batch, P the probability of the drawn item."""
-    counts = _anchors(lengths, length)
-    scaled = priorities**alpha
-    if unit == "chunk":  # P(chunk) = p^a / sum over eligible chunks; N = number of chunks
-        total, population = (counts * scaled).sum(), counts.sum()
-    else:  # P(episode) = p^a / sum over eligible episodes; N = number of eligible episodes
-        total, population = ((counts > 0) * scaled).sum(), (counts > 0).sum()
-    raw = (population * batch_priorities**alpha / total) ** -beta
-    return raw / raw.max()
 
 
 # ------------------------------------------------------------------------- construction
@@ -183,25 +152,31 @@ def test_sample_prioritized_refuses_a_length_no_episode_has() -> None:
 @pytest.mark.statistical
 @pytest.mark.parametrize("unit", ["chunk", "episode"])
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_prioritized_distribution_matches_spec(unit: str, alpha: float) -> None:
+def test_prioritized_distribution_matches_the_law(unit: str, alpha: float) -> None:
     """Episodes are drawn ~ n_e p^a (chunk) or ~ p^a (episode), starts uniform (chi-square)."""
     buffer, ids = _buffer(unit, alpha, seed=11)
     batch = buffer.sample_prioritized(DRAWS, 3)
-    anchors = _anchors(LENGTHS, 3)
-    priorities = _priorities(ERRORS)
+    anchors = eligible_starts(LENGTHS, 3)
+    priorities = priorities_of(ERRORS)
     expected = _episode_probs(LENGTHS, priorities, 3, alpha, unit)
-    episodes = _episode_counts(batch, ids)
+    episodes = episode_counts(batch, ids)
     joint = _joint_counts(batch, ids, anchors)
-    assert _pvalue(episodes, expected) > ACCEPT
-    assert _pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT
+    assert chi_square_pvalue(episodes, expected) > ACCEPT
+    assert chi_square_pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT
     # Power: the other unit's formula, another alpha, and an off-by-one n_e are all rejected.
     other_unit = "episode" if unit == "chunk" else "chunk"
     other_alpha = {0.0: 0.6, 0.6: 1.0, 1.0: 0.6}[alpha]
-    assert _pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, alpha, other_unit)) < REJECT
-    assert _pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, other_alpha, unit)) < REJECT
+    assert (
+        chi_square_pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, alpha, other_unit))
+        < REJECT
+    )
+    assert (
+        chi_square_pvalue(episodes, _episode_probs(LENGTHS, priorities, 3, other_alpha, unit))
+        < REJECT
+    )
     if unit == "chunk":
         off_by_one = _episode_probs(LENGTHS, priorities, 4, alpha, unit)  # n_e = T - L
-        assert _pvalue(episodes, off_by_one) < REJECT
+        assert chi_square_pvalue(episodes, off_by_one) < REJECT
 
 
 @pytest.mark.statistical
@@ -212,10 +187,10 @@ def test_start_within_an_episode_is_uniform() -> None:
     starts = batch.starts.numpy()[batch.indices.numpy() == ids[0]]
     counts = np.bincount(starts, minlength=10)
     assert len(counts) == 10  # never past the last start T - L
-    assert _pvalue(counts, np.full(10, 0.1)) > ACCEPT
+    assert chi_square_pvalue(counts, np.full(10, 0.1)) > ACCEPT
     # Power: the last start at half or double the others' probability is rejected.
-    assert _pvalue(counts, np.r_[np.full(9, 1.0), 0.5]) < REJECT
-    assert _pvalue(counts, np.r_[np.full(9, 1.0), 2.0]) < REJECT
+    assert chi_square_pvalue(counts, np.r_[np.full(9, 1.0), 0.5]) < REJECT
+    assert chi_square_pvalue(counts, np.r_[np.full(9, 1.0), 2.0]) < REJECT
 
 
 @pytest.mark.statistical
@@ -225,18 +200,18 @@ def test_alpha_zero_is_the_uniform_buffers_distribution(unit: str) -> None:
     prioritized, ids = _buffer(unit, 0.0, seed=21)
     uniform = SequenceReplay(1_000, unit=unit, seed=22)
     uniform.extend(make_episode(n) for n in LENGTHS)
-    anchors = _anchors(LENGTHS, 3)
+    anchors = eligible_starts(LENGTHS, 3)
     by_priority = _joint_counts(prioritized.sample_prioritized(DRAWS, 3), ids, anchors)
     by_uniform = _joint_counts(uniform.sample(DRAWS, 3), ids, anchors)
     uniform_episode = anchors if unit == "chunk" else (anchors > 0).astype(float)
     uniform_joint = _joint_probs(uniform_episode / uniform_episode.sum(), anchors)
-    assert _pvalue(by_priority, uniform_joint) > ACCEPT
-    assert _pvalue(by_uniform, uniform_joint) > ACCEPT
+    assert chi_square_pvalue(by_priority, uniform_joint) > ACCEPT
+    assert chi_square_pvalue(by_uniform, uniform_joint) > ACCEPT
     table = np.stack([by_priority, by_uniform])
     assert scipy.stats.chi2_contingency(table[:, table.sum(0) > 0]).pvalue > ACCEPT
     # Power: the priorities (which alpha = 0 must ignore) would be detected.
-    weighted = _episode_probs(LENGTHS, _priorities(ERRORS), 3, 1.0, unit)
-    assert _pvalue(by_priority, _joint_probs(weighted, anchors)) < REJECT
+    weighted = _episode_probs(LENGTHS, priorities_of(ERRORS), 3, 1.0, unit)
+    assert chi_square_pvalue(by_priority, _joint_probs(weighted, anchors)) < REJECT
 
 
 @pytest.mark.statistical
@@ -244,23 +219,23 @@ def test_alpha_zero_is_the_uniform_buffers_distribution(unit: str) -> None:
 def test_sample_stays_uniform_on_a_prioritized_buffer(unit: str) -> None:
     """`sample` on a prioritized buffer ignores priorities (chi-square vs the uniform formula)."""
     buffer, ids = _buffer(unit, 1.0, seed=31)
-    anchors = _anchors(LENGTHS, 3)
+    anchors = eligible_starts(LENGTHS, 3)
     batch = buffer.sample(DRAWS, 3)
     assert not isinstance(batch, PrioritizedBatch)
     joint = _joint_counts(batch, ids, anchors)
     uniform = anchors if unit == "chunk" else (anchors > 0).astype(float)
-    assert _pvalue(joint, _joint_probs(uniform / uniform.sum(), anchors)) > ACCEPT
-    weighted = _episode_probs(LENGTHS, _priorities(ERRORS), 3, 1.0, unit)
-    assert _pvalue(joint, _joint_probs(weighted, anchors)) < REJECT
+    assert chi_square_pvalue(joint, _joint_probs(uniform / uniform.sum(), anchors)) > ACCEPT
+    weighted = _episode_probs(LENGTHS, priorities_of(ERRORS), 3, 1.0, unit)
+    assert chi_square_pvalue(joint, _joint_probs(weighted, anchors)) < REJECT
 
 
 @pytest.mark.statistical
 @pytest.mark.parametrize("unit", ["chunk", "episode"])
 def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
-    """Lengths 3, 5, 3, 5 with updates and an add between: every phase matches the SPEC."""
+    """Lengths 3, 5, 3, 5 with updates and an add between: every phase matches the law."""
     alpha = 0.7
     buffer, ids = _buffer(unit, alpha, seed=41)
-    lengths, priorities = list(LENGTHS), _priorities(ERRORS)
+    lengths, priorities = list(LENGTHS), priorities_of(ERRORS)
     phases = [
         (3, None),
         (5, [4.0, 8.0, 2.0, 1.0, 0.5]),
@@ -271,22 +246,22 @@ def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
         stale = priorities
         if errors is not None:
             assert buffer.update_priorities(ids, errors) == len(ids)
-            priorities = _priorities(errors)
+            priorities = priorities_of(errors)
         if phase == 2:
             ids.append(buffer.add(make_episode(7)))
             lengths.append(7)
             priorities = np.append(priorities, buffer.max_priority)
             stale = np.append(stale, buffer.max_priority)
         np.testing.assert_allclose(buffer.priorities.numpy(), priorities, rtol=1e-12)
-        anchors = _anchors(lengths, length)
+        anchors = eligible_starts(lengths, length)
         expected = _episode_probs(lengths, priorities, length, alpha, unit)
         batch = buffer.sample_prioritized(DRAWS, length)
         joint = _joint_counts(batch, ids, anchors)
-        assert _pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT, f"phase {phase}"
+        assert chi_square_pvalue(joint, _joint_probs(expected, anchors)) > ACCEPT, f"phase {phase}"
         if errors is not None:
             # Power: a tree left at the previous priorities would be rejected.
             before = _episode_probs(lengths, stale, length, alpha, unit)
-            assert _pvalue(_episode_counts(batch, ids), before) < REJECT, f"phase {phase}"
+            assert chi_square_pvalue(episode_counts(batch, ids), before) < REJECT, f"phase {phase}"
 
 
 # ------------------------------------------------------------------------------ weights
@@ -295,31 +270,31 @@ def test_distribution_stays_exact_across_lengths_and_updates(unit: str) -> None:
 def test_weights_match_the_formula(unit: str, alpha: float, beta: float) -> None:
     """Weights are (N P_i)^-beta / max_j (N P_j)^-beta over each batch; the largest is exactly 1."""
     buffer, ids = _buffer(unit, alpha, beta=beta, seed=51)
-    priorities = _priorities(ERRORS)
+    priorities = priorities_of(ERRORS)
     for batch_size in (1, 3, 7, 64):
         batch = buffer.sample_prioritized(batch_size, 3)
         assert batch.weights.dtype == torch.float32
         assert batch.weights.shape == (batch_size,)
         assert float(batch.weights.max()) == 1.0
         drawn = priorities[batch.indices.numpy() - ids[0]]
-        expected = _expected_weights(drawn, LENGTHS, priorities, 3, alpha, beta, unit)
+        expected = expected_weights(drawn, LENGTHS, priorities, 3, alpha, beta, unit)
         np.testing.assert_allclose(batch.weights.numpy(), expected, rtol=1e-6)
 
 
 def test_weights_follow_anneal_beta() -> None:
     """After anneal_beta the weights use the annealed beta (and still peak at exactly 1)."""
     buffer, ids = _buffer("chunk", 0.8, beta=0.2, seed=52)
-    priorities = _priorities(ERRORS)
+    priorities = priorities_of(ERRORS)
     for fraction, final in [(0.5, 1.0), (1.0, 1.0), (0.25, 3.0)]:
         buffer.anneal_beta(fraction, final)
         beta = 0.2 + fraction * (final - 0.2)
         batch = buffer.sample_prioritized(256, 3)
         drawn = priorities[batch.indices.numpy() - ids[0]]
-        expected = _expected_weights(drawn, LENGTHS, priorities, 3, 0.8, beta, "chunk")
+        expected = expected_weights(drawn, LENGTHS, priorities, 3, 0.8, beta, "chunk")
         assert float(batch.weights.max()) == 1.0
         np.testing.assert_allclose(batch.weights.numpy(), expected, rtol=1e-6)
         # Power: the constructor's beta would give visibly different weights.
-        stale = _expected_weights(drawn, LENGTHS, priorities, 3, 0.8, 0.2, "chunk")
+        stale = expected_weights(drawn, LENGTHS, priorities, 3, 0.8, 0.2, "chunk")
         assert not np.allclose(batch.weights.numpy(), stale, rtol=1e-3)
 
 
@@ -489,9 +464,9 @@ def test_evicted_id_never_touches_the_episode_now_in_its_row() -> None:
     assert buffer.max_priority == 2.0 + EPSILON
     # The sum tree agrees: p = [2, 1] with alpha = 1, not [2, 1000].
     batch = buffer.sample_prioritized(4_000, 2)
-    counts = _episode_counts(batch, [newest - 1, newest])
-    assert _pvalue(counts, [2 / 3, 1 / 3]) > ACCEPT
-    assert _pvalue(counts, [2 / 1002, 1000 / 1002]) < REJECT
+    counts = episode_counts(batch, [newest - 1, newest])
+    assert chi_square_pvalue(counts, [2 / 3, 1 / 3]) > ACCEPT
+    assert chi_square_pvalue(counts, [2 / 1002, 1000 / 1002]) < REJECT
 
 
 def test_update_priorities_refuses_never_issued_ids_atomically() -> None:
@@ -572,154 +547,149 @@ def test_refused_update_leaves_draws_unchanged() -> None:
     assert torch.equal(ours.weights, theirs.weights)
 
 
-# ------------------------------------------------------------------------ reuse limit
-def test_reuse_limit_caps_draws_also_within_one_batch() -> None:
-    """With max_times_sampled=K a favourite is drawn at most K times, then never again."""
-    buffer, ids = _buffer(
-        "chunk", 1.0, lengths=[5, 5, 5, 5], errors=[1.0, 1.0, 1_000.0, 1.0], max_times_sampled=2
-    )
-    first = buffer.sample_prioritized(5, 3)
-    counts = _episode_counts(first, ids)
-    assert counts.max() <= 2
-    assert counts[2] == 2  # ~99.7% of the mass: it fills its allowance within the batch
-    # Weights are those at the start of the call, from the priorities alone.
-    priorities = _priorities([1.0, 1.0, 1_000.0, 1.0])
-    drawn = priorities[first.indices.numpy() - ids[0]]
-    expected = _expected_weights(drawn, [5] * 4, priorities, 3, 1.0, 0.4, "chunk")
-    np.testing.assert_allclose(first.weights.numpy(), expected, rtol=1e-6)
-    second = buffer.sample_prioritized(3, 3)
-    total = counts + _episode_counts(second, ids)
-    assert total[2] == 2, "a retired episode was drawn again"
-    assert total.max() <= 2 and total.sum() == 8
-    assert buffer.stats()["episodes_retired"] == 4
+# --------------------------------------------------------------- update_priorities_from
+def _routing_buffer():
+    """The standard buffer (epsilon 0.25) and its routing windows (see ROUTING_ERRORS)."""
+    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
+    window = Window(**TABLE_WINDOW, boundary="include_reset")
+    batch = buffer.gather_windows(ROUTING_IDS, ROUTING_STEPS, window)
+    return buffer, batch
 
 
-def test_reuse_limit_exhaustion_raises_and_draws_nothing() -> None:
-    """Asking for more draws than are left raises ReuseLimitError; counters and RNG untouched."""
-    kwargs = {"lengths": [5, 2, 6, 7], "errors": [1.0, 1.0, 3.0, 0.5], "max_times_sampled": 2}
-    buffer, ids = _buffer("episode", 0.6, seed=81, **kwargs)
-    twin, _ = _buffer("episode", 0.6, seed=81, **kwargs)
-    stats = buffer.stats()
-    # The length-2 episode is not eligible for length 3: 3 episodes x 2 draws are left.
-    with pytest.raises(ReuseLimitError, match=r"max_times_sampled=2 .*\(6\), got 7") as caught:
-        buffer.sample_prioritized(7, 3)
-    assert isinstance(caught.value, ValueError)
-    assert buffer.stats() == stats
-    ours, theirs = buffer.sample_prioritized(6, 3), twin.sample_prioritized(6, 3)
-    assert torch.equal(ours.indices, theirs.indices) and torch.equal(ours.starts, theirs.starts)
-    assert np.bincount(ours.indices.numpy() - ids[0], minlength=4).tolist() == [2, 0, 2, 2]
-    with pytest.raises(ValueError, match=r"max_times_sampled=2|non-empty"):
-        buffer.sample_prioritized(1, 3)
+def test_update_priorities_from_applies_the_r2d2_mix_over_counted_records():
+    """eta*max|d| + (1-eta)*mean|d| over learning, valid, own-episode records; duplicates max."""
+    buffer, batch = _routing_buffer()
+    applied = buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=0.75)
+    assert applied == 3
+    # p = mix + epsilon: episode 0 -> 0.5, episode 1 -> 1.5, episode 2 -> max(4.0, 2.75).
+    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]
+    assert buffer.max_priority == 4.25
 
 
-# ------------------------------------------------------------------------- persistence
-def test_save_load_round_trips_priorities_and_draws(tmp_path) -> None:
-    """load restores priorities, max priority, alpha/beta/epsilon; next draws equal a twin's."""
-
-    def build() -> PrioritizedSequenceReplay:
-        buffer = PrioritizedSequenceReplay(
-            40, alpha=0.7, beta=0.3, epsilon=1e-3, unit="chunk", seed=91
-        )
-        ids = buffer.extend(make_episode(n, first_serial=1_000 * n) for n in [9, 4, 8, 6, 10])
-        buffer.update_priorities(ids, [12.0, 0.5, 3.0, 2.0, 0.25])  # 12 is the max...
-        buffer.sample_prioritized(32, 3)
-        buffer.sample_prioritized(32, 5)  # a second tree, kept current incrementally
-        buffer.update_priorities(ids[2:], [0.1, 5.0, 1.5])
-        ids.append(buffer.add(make_episode(7, first_serial=99_000)))  # ...evicted here
-        assert ids[0] not in buffer
-        buffer.anneal_beta(0.25, final=0.9)
-        return buffer
-
-    original = build()
-    twin = build()
-    path = tmp_path / "buffer.pt"
-    original.save(path)
-    loaded = SequenceReplay.load(path)
-    assert type(loaded) is PrioritizedSequenceReplay
-    assert (loaded.alpha, loaded.epsilon, loaded.unit) == (0.7, 1e-3, "chunk")
-    assert loaded.beta == original.beta == pytest.approx(0.3 + 0.25 * 0.6, rel=1e-12)
-    assert loaded.max_priority == original.max_priority == 12.0 + 1e-3
-    assert list(loaded.episode_ids) == list(original.episode_ids)
-    assert torch.equal(loaded.priorities, original.priorities)
-    for length in (3, 5, 3):
-        ours, theirs = loaded.sample_prioritized(64, length), twin.sample_prioritized(64, length)
-        assert torch.equal(ours.indices, theirs.indices)
-        assert torch.equal(ours.starts, theirs.starts)
-        assert torch.equal(ours.weights, theirs.weights)
-        assert torch.equal(ours["serial"], theirs["serial"])
-        plain_ours, plain_theirs = loaded.sample(16, length), twin.sample(16, length)
-        assert torch.equal(plain_ours.episode_ids, plain_theirs.episode_ids)
-        for buffer in (loaded, twin):
-            buffer.update_priorities(ours.indices, ours.starts.double())
-    assert loaded.add(make_episode(4)) == twin.add(make_episode(4))
-    assert torch.equal(loaded.priorities, twin.priorities)
-    loaded.anneal_beta(0.0)  # beta0 survives the round trip: no compounding from the save
-    assert loaded.beta == 0.3
+def test_update_priorities_from_default_eta_is_0_9():
+    """The default eta is 0.9: max 3 and mean 2 give 0.9*3 + 0.1*2 = 2.9."""
+    buffer, batch = _routing_buffer()
+    errors = torch.tensor(ROUTING_ERRORS)
+    errors[0, 2] = 0.0  # episode 2's other window now mixes to 0
+    assert buffer.update_priorities_from(batch, errors) == 3
+    assert buffer.priorities.tolist() == pytest.approx([0.75, 1.75, 3.15])
 
 
-# ------------------------------------------------------------------- scaling smoke check
-def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
-    """Thousands of episodes (table growth, evictions, two spans): trees match the model's leaves.
+def test_update_priorities_from_non_finite_inside_the_mask_raises_and_updates_nothing():
+    """A NaN or inf on a counted record raises ValueError; no priority changes."""
+    for row, column, value in [(1, 2, NAN), (3, 3, INF), (0, 2, -INF)]:
+        buffer, batch = _routing_buffer()
+        errors = torch.tensor(ROUTING_ERRORS)
+        errors[row, column] = value
+        with pytest.raises(
+            ValueError,
+            match=r"^errors must be finite on valid learning records, got "
+            r"a NaN or infinite value$",
+        ):
+            buffer.update_priorities_from(batch, errors, eta=0.75)
+        assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
+        assert buffer.max_priority == 1.0
 
-    A smoke check of the incremental path at scale, not a timing test.
-    """
-    rng = np.random.default_rng(101)
-    alpha = 0.6
-    buffer = PrioritizedSequenceReplay(12_000, alpha=alpha, epsilon=EPSILON, seed=101)
-    lengths: dict[int, int] = {}
-    for round_ in range(6):
-        new = rng.integers(1, 9, size=700)
-        ids = buffer.extend(make_episode(int(n), first_serial=0) for n in new)
-        lengths.update(zip(ids, new.tolist(), strict=True))
-        for span in (3, 6):
-            batch = buffer.sample_prioritized(128, span)
-            errors = rng.exponential(size=128) * (round_ + 1)
-            buffer.update_priorities(batch.indices, errors)
-    assert buffer._core.store.table.row_count > 1_024  # the table grew at least once
-    assert buffer.stats()["episodes_evicted"] > 0
-    stored = list(buffer.episode_ids)
-    priorities = buffer.priorities.numpy()
-    rows = buffer._core.store.table.rows_of(torch.tensor(stored)).numpy()
-    for span in (3, 6):
-        tree = buffer._core.sampler.tree(span, alpha)
-        scale = buffer._core.sampler._cached(span, alpha).scale ** alpha  # cancels in every P
-        counts = _anchors([lengths[i] for i in stored], span)
-        expected = np.zeros(buffer._core.store.table.row_count)
-        expected[rows] = counts * priorities**alpha
-        leaves = sum_tree.leaves(tree).numpy() * scale
-        np.testing.assert_allclose(leaves, expected, rtol=1e-12)
-        assert float(sum_tree.total(tree)) * scale == pytest.approx(expected.sum(), rel=1e-12)
+
+def test_update_priorities_from_per_window_errors_are_used_as_they_are():
+    """[B] errors become the windows' priorities directly (|e| + epsilon, duplicates max)."""
+    buffer, batch = _routing_buffer()
+    # Windows of episodes [2, 0, 1, 2].
+    assert buffer.update_priorities_from(batch, [1.0, -2.0, 3.0, 0.5]) == 3
+    assert buffer.priorities.tolist() == [2.25, 3.25, 1.25]
+
+
+def test_update_priorities_from_never_routes_to_episodes_reached_through_include_reset():
+    """Episodes only reached through include_reset records keep their priority."""
+    buffer = standard_buffer(PrioritizedSequenceReplay, epsilon=0.25, seed=0)
+    # Anchor (1, 0) reaches episodes 0 and 2 through its records; only episode 1 is updated.
+    batch = buffer.gather_windows([1], [0], Window(**TABLE_WINDOW, boundary="include_reset"))
+    assert batch.record_episode_ids.tolist() == [[0, 0, 1, 2, 2]]
+    assert buffer.update_priorities_from(batch, [[50.0, 50.0, 2.0, 50.0, 50.0]]) == 1
+    assert buffer.priorities.tolist() == [1.0, 2.25, 1.0]
+
+
+def test_update_priorities_from_rejects_bad_shapes_and_batches():
+    """Errors not [B, W] or [B] raise ValueError; a non-WindowBatch raises TypeError."""
+    buffer, batch = _routing_buffer()
+    with pytest.raises(
+        ValueError, match=r"^errors must be of shape \(4, 5\) or \(4,\), got \(4, 4\)$"
+    ):
+        buffer.update_priorities_from(batch, torch.zeros(4, 4))
+    with pytest.raises(
+        ValueError, match=r"^errors must be of shape \(4, 5\) or \(4,\), got \(5,\)$"
+    ):
+        buffer.update_priorities_from(batch, torch.zeros(5))
+    with pytest.raises(TypeError, match=r"^batch must be a WindowBatch, got PrioritizedBatch$"):
+        buffer.update_priorities_from(buffer.sample_prioritized(4, 1), torch.zeros(4))
+    assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("eta", "error", "message"),
+    [
+        (-0.1, ValueError, r"^eta must be >= 0\.0 and finite, got -0\.1$"),
+        (1.5, ValueError, r"^eta must be in \[0, 1\], got 1\.5$"),
+        (float("nan"), ValueError, r"^eta must be >= 0\.0 and finite, got nan$"),
+        ("0.5", TypeError, r"^eta must be a real number, got '0\.5'$"),
+    ],
+)
+def test_update_priorities_from_validates_eta(eta, error, message):
+    """eta outside [0, 1] (or not a real number) is refused and nothing is updated."""
+    buffer, batch = _routing_buffer()
+    with pytest.raises(error, match=message):
+        buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=eta)
+    assert buffer.priorities.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_update_priorities_from_accepts_eta_0_and_1():
+    """eta=1 is the max alone, eta=0 the mean alone."""
+    buffer, batch = _routing_buffer()
+    buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS), eta=1.0)
+    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]  # episode 2: max(4, 3)
+    errors = torch.tensor(ROUTING_ERRORS)
+    errors[0, 2] = 0.0
+    buffer.update_priorities_from(batch, errors, eta=0.0)
+    assert buffer.priorities.tolist() == [0.75, 1.75, 2.25]  # episode 2: mean(3, 1)
+
+
+def test_update_priorities_from_skips_evicted_episodes():
+    """Windows of episodes evicted since the draw are skipped and not counted."""
+    buffer = standard_buffer(PrioritizedSequenceReplay, capacity=12, epsilon=0.25, seed=0)
+    batch = buffer.gather_windows([0, 2], [0, 0], Window(1))
+    buffer.add(make_episode(4))  # evicts episode 0; episode 3 reuses its ring slots
+    assert list(buffer.episode_ids) == [1, 2, 3]
+    assert buffer.update_priorities_from(batch, [[8.0], [2.0]]) == 1
+    assert buffer.priorities.tolist() == [1.0, 2.25, 1.0]
+    assert buffer.max_priority == 2.25
+
+
+def test_update_priorities_from_takes_values_of_grad_requiring_errors():
+    """TD errors that require grad set plain priorities: nothing of the graph is kept."""
+    buffer, batch = _routing_buffer()
+    scale = torch.tensor(1.0, requires_grad=True)
+    applied = buffer.update_priorities_from(batch, torch.tensor(ROUTING_ERRORS) * scale, eta=0.75)
+    assert applied == 3
+    assert buffer.priorities.tolist() == [0.75, 1.75, 4.25]
+    assert not buffer.priorities.requires_grad
+
+
+def test_update_priorities_from_mask_narrows_the_counted_records():
+    """mask= leaves out records without a TD error; a window left with none keeps its priority."""
+    buffer = PrioritizedSequenceReplay(capacity=100, alpha=1.0, seed=0)
+    first, second = buffer.add(make_episode(6)), buffer.add(make_episode(6))
+    batch = buffer.gather_windows([first, second], [0, 0], Window(3))
+    errors = torch.tensor([[1.0, 2.0, 8.0], [5.0, 5.0, 5.0]])
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    applied = buffer.update_priorities_from(batch, errors, eta=0.5, mask=mask)
+    assert applied == 1
+    expected = 0.5 * 2.0 + 0.5 * 1.5 + buffer.epsilon
+    assert buffer.priorities.tolist() == pytest.approx([expected, 1.0])
+    with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \(2, 3\)"):
+        buffer.update_priorities_from(batch, errors, mask=torch.ones(2, 3))
 
 
 # ------------------------------------------------------------------ extreme priorities
-def _two_episode_pvalue(buffer, ids, probs, draws=DRAWS) -> float:
-    batch = buffer.sample_prioritized(draws, 3)
-    return _pvalue(_episode_counts(batch, ids), probs)
-
-
-@pytest.mark.statistical
-@pytest.mark.parametrize(
-    "alpha, errors",
-    [
-        (1.0, [1e308, 1e308]),  # p^alpha sums past float64's largest value
-        (1.0, [1e308, 0.5e308]),
-        (50.0, [1e7, 1.01e7]),  # p^alpha = 1e350 overflows
-        (60.0, [0.0, 0.0]),  # p^alpha = 1e-360 underflows to zero
-        (8.0, [1e-60, 2e-60]),  # epsilon 1e-300 keeps them apart; p^alpha underflows
-    ],
-)
-def test_exact_law_for_priorities_whose_power_overflows_or_underflows(alpha, errors):
-    """``P ∝ p^alpha`` holds and weights stay finite when ``p^alpha`` leaves float64's range
-    (old: one episode only, NaN weights, or a `ReuseLimitError` on a buffer with no limit)."""
-    buffer = PrioritizedSequenceReplay(100, alpha=alpha, beta=0.7, epsilon=1e-300, seed=5)
-    ids = buffer.extend(make_episode(5) for _ in range(2))
-    buffer.update_priorities(ids, errors)
-    logs = alpha * np.log(np.abs(np.asarray(errors, dtype=np.float64)) + 1e-300)
-    probs = np.exp(logs - logs.max())
-    probs /= probs.sum()
-    assert _two_episode_pvalue(buffer, ids, probs) > ACCEPT
-    weights = buffer.sample_prioritized(64, 3).weights
-    assert bool(torch.isfinite(weights).all()) and float(weights.max()) == 1.0
 
 
 def test_weights_of_extreme_priorities_match_the_formula_in_the_log_domain():

@@ -1,5 +1,8 @@
-"""`SequenceReplay` behaviour (SPEC section 2): sampling, its statistics and errors, determinism,
-the reuse limit, stats, persistence and thread safety.
+"""`SequenceReplay`: construction, `sample` and its refusals, the uniform laws of chunks,
+determinism under a seed, stats and thread safety.
+
+``unit="chunk"`` draws every eligible (episode, start) equally often; ``unit="episode"`` draws
+every episode at least ``length`` long equally often, then a start uniformly.
 
 Every step of a test episode carries a unique int64 ``serial`` (see `conftest.make_episode`), so a
 chunk can be checked against the episode and start the batch reports for it.
@@ -16,18 +19,20 @@ import attrs
 import numpy as np
 import pytest
 import torch
-from conftest import make_episode
-from scipy import stats as scipy_stats
-
-from lucid_replay import (
-    Batch,
-    CheckpointError,
-    Episode,
-    PrioritizedSequenceReplay,
-    ReuseLimitError,
-    SequenceReplay,
-    Window,
+from conftest import (
+    DRIVE_CONFIG_IDS,
+    DRIVE_CONFIGS,
+    assert_batches_equal,
+    assert_chunks_match_storage,
+    drive,
+    filled_buffer,
+    make_episode,
+    seeded_twins,
 )
+from scipy import stats as scipy_stats
+from stats import chi_square_pvalue
+
+from lucid_replay import Batch, SequenceReplay
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
 
@@ -40,33 +45,6 @@ REQUIRED_STATS = {
     "episodes_retired",
     "chunks_sampled",
 }
-
-
-def _assert_chunks_match_storage(buffer: SequenceReplay, batch: Batch, length: int) -> None:
-    """Every chunk is steps ``start .. start+length-1`` of the episode the batch names."""
-    for row, (episode_id, start) in enumerate(
-        zip(batch.episode_ids.tolist(), batch.starts.tolist(), strict=True)
-    ):
-        episode = buffer[episode_id]
-        assert 0 <= start <= len(episode) - length
-        for name in episode:
-            assert torch.equal(batch[name][row], episode[name][start : start + length])
-
-
-def _assert_batches_equal(first: Batch, second: Batch) -> None:
-    assert torch.equal(first.episode_ids, second.episode_ids)
-    assert torch.equal(first.starts, second.starts)
-    assert first.data.keys() == second.data.keys()
-    for name in first.data:
-        assert torch.equal(first[name], second[name])
-
-
-def _filled(capacity: int = 40, lengths=(9, 3, 7, 12, 5, 8, 2, 6), **kwargs) -> SequenceReplay:
-    """A buffer whose ring has wrapped (with the default lengths and capacity)."""
-    buffer = SequenceReplay(capacity, **{"seed": 0, **kwargs})
-    for index, length in enumerate(lengths):
-        buffer.add(make_episode(length, terminated=index % 2 == 0))
-    return buffer
 
 
 # ----------------------------------------------------------------------- construction
@@ -106,7 +84,7 @@ def test_constructor_properties():
 @pytest.mark.parametrize("unit", ["chunk", "episode"])
 def test_sample_shapes_dtypes_and_consistency(unit):
     """Fields are [B, length, *field_shape] with stored dtypes; ids/starts match the data."""
-    buffer = _filled(unit=unit)
+    buffer = filled_buffer(unit=unit)
     batch = buffer.sample(32, 4)
     assert isinstance(batch, Batch)
     assert batch["serial"].shape == (32, 4)
@@ -121,22 +99,22 @@ def test_sample_shapes_dtypes_and_consistency(unit):
     assert batch.starts.shape == (32,)
     assert batch.starts.dtype == torch.int64
     assert bool((batch["serial"].diff(dim=1) == 1).all())
-    _assert_chunks_match_storage(buffer, batch, 4)
+    assert_chunks_match_storage(buffer, batch, 4)
 
 
 def test_sample_of_the_longest_length_only_draws_whole_episodes():
     """`length` equal to the longest episode draws that episode from start 0 only."""
-    buffer = _filled()
+    buffer = filled_buffer()
     longest = max(len(buffer[i]) for i in buffer.episode_ids)
     batch = buffer.sample(16, longest)
     assert set(batch.starts.tolist()) == {0}
     assert len(set(batch.episode_ids.tolist())) == 1
-    _assert_chunks_match_storage(buffer, batch, longest)
+    assert_chunks_match_storage(buffer, batch, longest)
 
 
 def test_sample_length_one_covers_every_stored_step():
     """With length 1 every stored step is a chunk; enough draws reach each of them."""
-    buffer = _filled(capacity=20, lengths=(6, 5, 4, 3, 2, 1))
+    buffer = filled_buffer(capacity=20, lengths=(6, 5, 4, 3, 2, 1))
     batch = buffer.sample(2_000, 1)
     stored = {int(s) for i in buffer.episode_ids for s in buffer[i]["serial"]}
     assert set(batch["serial"].flatten().tolist()) == stored
@@ -144,17 +122,17 @@ def test_sample_length_one_covers_every_stored_step():
 
 def test_sample_device_argument_and_batch_to():
     """`device=` places the batch; `Batch.to` returns a moved copy with the same values."""
-    buffer = _filled()
+    buffer = filled_buffer()
     batch = buffer.sample(4, 2, device="cpu")
     assert batch["obs"].device == torch.device("cpu")
     moved = batch.to("cpu", non_blocking=False)
     assert isinstance(moved, Batch)
-    _assert_batches_equal(batch, moved)
+    assert_batches_equal(batch, moved)
 
 
 def test_batch_is_frozen():
     """`Batch` fields cannot be re-bound."""
-    batch = _filled().sample(2, 2)
+    batch = filled_buffer().sample(2, 2)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         batch.starts = torch.zeros(2, dtype=torch.int64)
 
@@ -188,7 +166,7 @@ def test_sample_longer_than_every_episode_is_refused():
 )
 def test_sample_refuses_non_positive_sizes(batch_size, length, message):
     """`batch_size < 1` or `length < 1` raises ValueError."""
-    buffer = _filled()
+    buffer = filled_buffer()
     with pytest.raises(ValueError, match=message):
         buffer.sample(batch_size, length)
 
@@ -205,14 +183,14 @@ def test_sample_refuses_non_positive_sizes(batch_size, length, message):
 )
 def test_sample_refuses_non_int_arguments(batch_size, length, message):
     """Non-integer `batch_size` / `length` (floats, strings, bools, None) raise TypeError."""
-    buffer = _filled()
+    buffer = filled_buffer()
     with pytest.raises(TypeError, match=message):
         buffer.sample(batch_size, length)
 
 
 def test_sample_accepts_numpy_integers():
     """numpy integers are integers: `sample(np.int64(3), np.int32(2))` works."""
-    batch = _filled().sample(np.int64(3), np.int32(2))
+    batch = filled_buffer().sample(np.int64(3), np.int32(2))
     assert batch["serial"].shape == (3, 2)
 
 
@@ -250,11 +228,6 @@ def _cells_and_models(lengths: dict[int, int]) -> tuple[list, np.ndarray, np.nda
     return cells, per_chunk, per_episode
 
 
-def _p_value(observed: np.ndarray, probabilities: np.ndarray) -> float:
-    expected = probabilities / probabilities.sum() * observed.sum()
-    return float(scipy_stats.chisquare(observed, expected).pvalue)
-
-
 @pytest.mark.statistical
 def test_chunk_unit_draws_every_chunk_uniformly():
     """`unit="chunk"`: each (episode, start) window inside an episode is equally likely."""
@@ -262,15 +235,15 @@ def test_chunk_unit_draws_every_chunk_uniformly():
     cells, per_chunk, per_episode = _cells_and_models(lengths)
     assert len(cells) == 1 + 3 + 6 + 11
     observed = _chunk_counts(buffer, cells)
-    assert _p_value(observed, per_chunk) > 1e-3
+    assert chi_square_pvalue(observed, per_chunk) > 1e-3
     # The test has power: the episode-uniform law, a law proportional to T (uniform over
     # transitions rather than chunks), and even a 10% mixture of the episode-uniform law are
     # all rejected by the same counts.
-    assert _p_value(observed, per_episode) < 1e-12
+    assert chi_square_pvalue(observed, per_episode) < 1e-12
     per_transition = np.array([lengths[e] / (lengths[e] - STAT_LENGTH + 1) for e, _ in cells])
-    assert _p_value(observed, per_transition) < 1e-12
+    assert chi_square_pvalue(observed, per_transition) < 1e-12
     mixture = 0.9 * per_chunk + 0.1 * per_episode
-    assert _p_value(observed, mixture) < 1e-3
+    assert chi_square_pvalue(observed, mixture) < 1e-3
 
 
 @pytest.mark.statistical
@@ -279,7 +252,7 @@ def test_episode_unit_draws_eligible_episodes_then_starts_uniformly():
     buffer, lengths = _stat_buffer("episode", seed=12)
     cells, per_chunk, per_episode = _cells_and_models(lengths)
     observed = _chunk_counts(buffer, cells)
-    assert _p_value(observed, per_episode) > 1e-3
+    assert chi_square_pvalue(observed, per_episode) > 1e-3
     # Marginals: episodes uniform among the 4 eligible ones, starts uniform within each.
     by_episode = Counter()
     for (episode_id, _), count in zip(cells, observed, strict=True):
@@ -288,50 +261,24 @@ def test_episode_unit_draws_eligible_episodes_then_starts_uniformly():
     episode_counts = np.array([by_episode[e] for e in eligible])
     assert scipy_stats.chisquare(episode_counts).pvalue > 1e-3
     # Power: the chunk-uniform law and a 10% mixture of it are rejected.
-    assert _p_value(observed, per_chunk) < 1e-12
-    assert _p_value(observed, 0.9 * per_episode + 0.1 * per_chunk) < 1e-3
+    assert chi_square_pvalue(observed, per_chunk) < 1e-12
+    assert chi_square_pvalue(observed, 0.9 * per_episode + 0.1 * per_chunk) < 1e-3
 
 
 # -------------------------------------------------------------------------- determinism
 
 
-def _drive(buffer: SequenceReplay, rounds: int = 3) -> list[Batch]:
-    """A fixed sequence of calls: samples of mixed lengths with adds in between."""
-    batches = []
-    for round_ in range(rounds):
-        batches.append(buffer.sample(5, 2))
-        batches.append(buffer.sample(3, 4))
-        buffer.add(make_episode(4 + round_, first_serial=10_000 * (round_ + 1)))
-        batches.append(buffer.sample(4, 1))
-    return batches
-
-
-def _twins(**kwargs) -> tuple[SequenceReplay, SequenceReplay]:
-    lengths = (9, 3, 7, 12, 5, 8, 2, 6)
-    made = []
-    for _ in range(2):
-        buffer = SequenceReplay(40, **{"seed": 7, **kwargs})
-        for index, length in enumerate(lengths):
-            buffer.add(make_episode(length, first_serial=1_000 * index))
-        made.append(buffer)
-    return made[0], made[1]
-
-
-CONFIGS = [{}, {"unit": "episode"}, {"max_times_sampled": 6}]
-CONFIG_IDS = ["chunk", "episode", "reuse-limit"]
-
-
-@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
+@pytest.mark.parametrize("config", DRIVE_CONFIGS, ids=DRIVE_CONFIG_IDS)
 def test_same_seed_and_calls_give_identical_batches(config):
     """Two buffers with the same seed and the same calls draw identical batches."""
-    first, second = _twins(**config)
-    for one, two in zip(_drive(first), _drive(second), strict=True):
-        _assert_batches_equal(one, two)
+    first, second = seeded_twins(**config)
+    for one, two in zip(drive(first), drive(second), strict=True):
+        assert_batches_equal(one, two)
 
 
 def test_different_seeds_give_different_batches():
     """The seed matters: another seed draws other chunks."""
-    first, _ = _twins()
+    first, _ = seeded_twins()
     other = SequenceReplay(40, seed=8)
     for index, length in enumerate((9, 3, 7, 12, 5, 8, 2, 6)):
         other.add(make_episode(length, first_serial=1_000 * index))
@@ -340,434 +287,19 @@ def test_different_seeds_give_different_batches():
 
 def test_torch_generator_as_seed_matches_the_integer_seed():
     """`seed=torch.Generator().manual_seed(7)` draws exactly what `seed=7` draws."""
-    by_int, _ = _twins()
+    by_int, _ = seeded_twins()
     by_generator = SequenceReplay(40, seed=torch.Generator().manual_seed(7))
     for index, length in enumerate((9, 3, 7, 12, 5, 8, 2, 6)):
         by_generator.add(make_episode(length, first_serial=1_000 * index))
-    for one, two in zip(_drive(by_int), _drive(by_generator), strict=True):
-        _assert_batches_equal(one, two)
-
-
-@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
-def test_save_and_load_mid_stream_continue_like_an_unsaved_twin(tmp_path, config):
-    """After save/load the restored buffer draws exactly what an un-saved twin draws."""
-    saved, twin = _twins(**config)
-    _drive(saved, rounds=1)
-    _drive(twin, rounds=1)
-    saved.save(tmp_path / "buffer.pt")
-    restored = SequenceReplay.load(tmp_path / "buffer.pt")
-    for one, two in zip(_drive(restored), _drive(twin), strict=True):
-        _assert_batches_equal(one, two)
-    assert restored.stats() == twin.stats()
-    assert list(restored.episode_ids) == list(twin.episode_ids)
-
-
-@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
-def test_state_dict_round_trip_continues_like_an_unsaved_twin(config):
-    """`load_state_dict` into a fresh buffer (another seed) continues like the twin."""
-    source, twin = _twins(**config)
-    _drive(source, rounds=1)
-    _drive(twin, rounds=1)
-    fresh = SequenceReplay(40, **{**config, "seed": 99})
-    fresh.load_state_dict(source.state_dict())
-    for one, two in zip(_drive(fresh), _drive(twin), strict=True):
-        _assert_batches_equal(one, two)
-
-
-def test_state_dict_is_a_snapshot():
-    """A state dict taken earlier restores that moment, whatever the buffer did since."""
-    buffer, twin = _twins()
-    state = buffer.state_dict()
-    _drive(buffer)  # samples and adds (with evictions) after the snapshot
-    buffer.load_state_dict(state)
-    for one, two in zip(_drive(buffer), _drive(twin), strict=True):
-        _assert_batches_equal(one, two)
-
-
-# -------------------------------------------------------------------------- persistence
-
-
-def _assert_same_buffer(restored: SequenceReplay, original: SequenceReplay) -> None:
-    assert type(restored) is type(original)
-    assert restored.capacity == original.capacity
-    assert restored.unit == original.unit
-    assert restored.max_times_sampled == original.max_times_sampled
-    assert len(restored) == len(original)
-    assert restored.num_episodes == original.num_episodes
-    assert list(restored.episode_ids) == list(original.episode_ids)
-    assert restored.schema == original.schema
-    assert restored.stats() == original.stats()
-    for episode_id in original.episode_ids:
-        mine, theirs = restored[episode_id], original[episode_id]
-        assert mine.terminated == theirs.terminated
-        for name in theirs:
-            assert torch.equal(mine[name], theirs[name])
-            assert mine[name].dtype == theirs[name].dtype
-
-
-def test_save_load_round_trips_everything(tmp_path):
-    """Data, ids, counters, stats, schema and configuration survive save/load."""
-    buffer = _filled(capacity=30, unit="episode", max_times_sampled=5)
-    buffer.sample(8, 2)
-    buffer.add(make_episode(11))  # evicts, so counters and the seam are non-trivial
-    assert buffer.stats()["episodes_evicted"] > 0
-    buffer.save(tmp_path / "buffer.pt")
-    restored = SequenceReplay.load(tmp_path / "buffer.pt")
-    _assert_same_buffer(restored, buffer)
-    assert restored.add(make_episode(3)) == buffer.episode_ids.stop  # ids continue
-
-
-def test_save_load_of_an_empty_buffer(tmp_path):
-    """An empty buffer round-trips; its schema is still unset afterwards."""
-    SequenceReplay(9, seed=0).save(tmp_path / "empty.pt")
-    restored = SequenceReplay.load(tmp_path / "empty.pt")
-    assert (len(restored), restored.num_episodes, restored.schema) == (0, 0, None)
-    assert restored.capacity == 9
-    assert restored.add(make_episode(4)) == 0
-    assert restored.sample(2, 4)["serial"].shape == (2, 4)
-
-
-def test_load_of_a_prioritized_file_returns_a_prioritized_buffer(tmp_path):
-    """`SequenceReplay.load` of a prioritized file gives a PrioritizedSequenceReplay back."""
-    buffer = PrioritizedSequenceReplay(30, alpha=0.7, beta=0.5, seed=3)
-    for length in (4, 6, 5):
-        buffer.add(make_episode(length))
-    batch = buffer.sample_prioritized(4, 3)
-    buffer.update_priorities(batch.indices, torch.linspace(0.5, 2.0, 4))
-    buffer.anneal_beta(0.5)
-    buffer.save(tmp_path / "prioritized.pt")
-    restored = SequenceReplay.load(tmp_path / "prioritized.pt")
-    assert isinstance(restored, PrioritizedSequenceReplay)
-    _assert_same_buffer(restored, buffer)
-    assert (restored.alpha, restored.beta) == (buffer.alpha, buffer.beta)
-    assert restored.max_priority == buffer.max_priority
-    assert torch.equal(restored.priorities, buffer.priorities)
-    one, two = restored.sample_prioritized(6, 2), buffer.sample_prioritized(6, 2)
-    _assert_batches_equal(one, two)
-    assert torch.equal(one.weights, two.weights)
-
-
-def test_prioritized_load_of_a_uniform_file_is_refused(tmp_path):
-    """`PrioritizedSequenceReplay.load` of a uniform buffer's file raises ValueError."""
-    _filled().save(tmp_path / "uniform.pt")
-    with pytest.raises(ValueError, match="must be a PrioritizedSequenceReplay"):
-        PrioritizedSequenceReplay.load(tmp_path / "uniform.pt")
-
-
-def _write_bad_file(kind: str, path, good) -> None:
-    if kind == "foreign-dict":
-        torch.save({"weights": torch.zeros(3), "step": 5}, path)
-    elif kind == "tensor":
-        torch.save(torch.arange(4), path)
-    elif kind == "random-bytes":
-        path.write_bytes(random.Random(0).randbytes(4096))
-    elif kind == "empty-file":
-        path.write_bytes(b"")
-    elif kind == "truncated":
-        data = good.read_bytes()
-        path.write_bytes(data[: len(data) // 2])
-    elif kind == "other-version":
-        state = torch.load(good, weights_only=True)
-        state["version"] = 3
-        torch.save(state, path)
-    else:  # pragma: no cover
-        raise AssertionError(kind)
-
-
-@pytest.mark.parametrize(
-    ("kind", "message"),
-    [
-        ("foreign-dict", r"must be a 'lucid_replay.buffer' checkpoint, got a mapping"),
-        ("tensor", r"must be a 'lucid_replay.buffer' checkpoint, got a torch.int64 tensor"),
-        ("random-bytes", r"must be a lucid_replay checkpoint, got an unreadable file"),
-        ("empty-file", r"must be a lucid_replay checkpoint, got an unreadable file"),
-        ("truncated", r"must be a lucid_replay checkpoint, got an unreadable file"),
-        ("other-version", r"checkpoint version must be one of \(1, 2\), got 3"),
-    ],
-)
-def test_load_refuses_a_file_that_is_not_a_buffer(tmp_path, kind, message):
-    """Foreign, corrupt, truncated or other-version files raise ValueError (CheckpointError)."""
-    good = tmp_path / "good.pt"
-    _filled().save(good)
-    bad = tmp_path / "bad.pt"
-    _write_bad_file(kind, bad, good)
-    with pytest.raises(ValueError, match=message) as info:
-        SequenceReplay.load(bad)
-    assert isinstance(info.value, CheckpointError)
-
-
-_COMPLETE = r"state must be a complete checkpoint, got one without \['{}'\]"
-
-
-def _broken_states() -> dict[str, tuple[object, str, str | None]]:
-    """State dicts `load_state_dict` must refuse: case -> (state, message, known-bug reason)."""
-    source = _filled(capacity=40, lengths=(5, 6, 7))
-    source.sample(3, 2)
-
-    def edited(edit):
-        state = source.state_dict()
-        edit(state)
-        return state
-
-    def set_key(key, value):
-        return edited(lambda state: state.__setitem__(key, value))
-
-    def delete_key(key):
-        return edited(lambda state: state.pop(key))
-
-    def edit_data(name, change):
-        return edited(lambda state: state["data"].__setitem__(name, change(state["data"][name])))
-
-    schema = source.state_dict()["schema"]
-    config = source.state_dict()["config"]
-    cases: dict[str, tuple[object, str, str | None]] = {
-        "not-a-mapping": ([1, 2, 3], "checkpoint, got a list", None),
-        "other-format": (
-            set_key("format", "something.else"),
-            "got a mapping with format 'something.else'",
-            None,
-        ),
-        "other-version": (
-            set_key("version", 7),
-            r"checkpoint version must be one of \(1, 2\), got 7",
-            None,
-        ),
-        "other-class": (
-            set_key("class", "PrioritizedSequenceReplay"),
-            "checkpoint class must be a SequenceReplay, got 'PrioritizedSequenceReplay'",
-            None,
-        ),
-        "other-capacity": (
-            set_key("config", {**config, "capacity": 41}),
-            "checkpoint configuration must be .*'capacity': 41",
-            None,
-        ),
-        "other-unit": (
-            set_key("config", {**config, "unit": "episode"}),
-            "checkpoint configuration must be .*'unit': 'episode'",
-            None,
-        ),
-        "short-data": (
-            edit_data("obs", lambda v: v[:-1]),
-            r"checkpoint data 'obs' must have shape \(18, 2\), got \(17, 2\)",
-            None,
-        ),
-        "bad-rng": (
-            set_key("rng", torch.zeros(3, dtype=torch.uint8)),
-            "checkpoint rng must be a state of this buffer's generator",
-            None,
-        ),
-        "bad-dtype-name": (
-            set_key("schema", {**schema, "obs": [[2], "float99"]}),
-            r"schema\['obs'\] dtype must be a storable torch dtype, got 'float99'",
-            None,
-        ),
-        "missing-format": (delete_key("format"), "got a mapping with format None", None),
-        "missing-version": (
-            delete_key("version"),
-            r"version must be one of \(1, 2\), got None",
-            None,
-        ),
-        "missing-class": (delete_key("class"), "must be a SequenceReplay, got None", None),
-        "retired-not-int": (set_key("episodes_retired", "x"), "checkpoint", None),
-        "data-other-per-step-shape": (
-            edit_data("obs", lambda v: v[:, :1]),  # [T, 1] would broadcast into [T, 2]
-            "checkpoint",
-            None,
-        ),
-        "counts-without-keys": (
-            set_key("counts", {}),
-            "checkpoint",
-            None,
-        ),
-        "table-first-id-after-next-id": (
-            edited(lambda state: state["table"].__setitem__("first_id", 5)),
-            "checkpoint",
-            None,
-        ),
-    }
-    for key in source.state_dict():
-        if f"missing-{key}" not in cases:
-            cases[f"missing-{key}"] = (delete_key(key), _COMPLETE.format(key), None)
-    return cases
-
-
-_BROKEN = _broken_states()
-
-
-@pytest.mark.parametrize(
-    "case",
-    [case for case in _BROKEN],
-)
-def test_failed_load_state_dict_leaves_the_buffer_unchanged(case):
-    """A refused state raises ValueError (CheckpointError) and changes nothing, RNG included."""
-    state, message, _ = _BROKEN[case]
-    target, twin = _twins()
-    target.sample(2, 2)
-    twin.sample(2, 2)
-    with pytest.raises(CheckpointError, match=message) as info:
-        target.load_state_dict(state)
-    assert isinstance(info.value, ValueError)
-    _assert_same_buffer(target, twin)
-    _assert_batches_equal(target.sample(6, 3), twin.sample(6, 3))
-
-
-def test_save_is_atomic_and_leaves_no_temporary_file(tmp_path):
-    """`save` writes through a temporary file that is renamed: only the target remains."""
-    buffer = _filled()
-    buffer.save(tmp_path / "buffer.pt")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer.pt"]
-    buffer.add(make_episode(3))
-    buffer.save(tmp_path / "buffer.pt")  # overwrite in place
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer.pt"]
-    assert SequenceReplay.load(tmp_path / "buffer.pt").stats() == buffer.stats()
-
-
-def test_failed_save_keeps_the_previous_file_and_no_temporary(tmp_path, monkeypatch):
-    """A save that fails mid-write leaves the previous file intact and no temporary file."""
-    buffer = _filled()
-    path = tmp_path / "buffer.pt"
-    buffer.save(path)
-    before = path.read_bytes()
-    buffer.add(make_episode(3))
-
-    def failing_save(obj, file, *args, **kwargs):
-        file.write(b"partial")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(torch, "save", failing_save)
-    with pytest.raises(OSError, match="disk full"):
-        buffer.save(path)
-    monkeypatch.undo()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer.pt"]
-    assert path.read_bytes() == before
-
-
-# -------------------------------------------------------------------------- reuse limit
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_reuse_limit_one_with_batch_of_all_eligible_draws_each_once(seed):
-    """K=1 and batch_size == eligible episodes: each eligible episode exactly once."""
-    buffer = SequenceReplay(40, seed=seed, max_times_sampled=1)
-    for length in (4, 6, 2, 5):  # id 2 is too short for length 4
-        buffer.add(make_episode(length))
-    batch = buffer.sample(3, 4)
-    assert sorted(batch.episode_ids.tolist()) == [0, 1, 3]
-    assert buffer.stats()["episodes_retired"] == 3
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_reuse_limit_within_one_batch(seed):
-    """K=2 and batch_size == 2 * eligible: each eligible episode drawn exactly twice."""
-    buffer = SequenceReplay(40, seed=seed, max_times_sampled=2)
-    for length in (1, 3, 9, 4):  # id 0 never eligible; it also blocks reclamation
-        buffer.add(make_episode(length))
-    batch = buffer.sample(6, 3)
-    assert Counter(batch.episode_ids.tolist()) == {1: 2, 2: 2, 3: 2}
-    _assert_chunks_match_storage(buffer, batch, 3)
-
-
-def test_reuse_limit_is_never_exceeded_across_batches():
-    """No episode is drawn more than K times in total; then sampling is refused."""
-    buffer = SequenceReplay(40, seed=4, max_times_sampled=3)
-    for length in (1, 5, 6, 7, 8):  # id 0 (too short) keeps the retired ones stored
-        buffer.add(make_episode(length))
-    drawn: Counter[int] = Counter()
-    for _ in range(6):  # 4 eligible episodes x 3 = 12 draws
-        drawn.update(buffer.sample(2, 2).episode_ids.tolist())
-        assert max(drawn.values()) <= 3
-    assert drawn == {1: 3, 2: 3, 3: 3, 4: 3}
-    assert buffer.stats()["episodes_retired"] == 4
-    assert list(buffer.episode_ids) == [0, 1, 2, 3, 4]  # retired, still stored
-    assert len(buffer[3]) == 7
-    with pytest.raises(ValueError, match="draws left under max_times_sampled=3") as info:
-        buffer.sample(1, 2)
-    assert isinstance(info.value, ReuseLimitError)
-
-
-def test_asking_for_more_draws_than_left_changes_nothing():
-    """Too many draws: ReuseLimitError, nothing drawn, stats and RNG untouched."""
-    made = []
-    for _ in range(2):
-        buffer = SequenceReplay(40, seed=21, max_times_sampled=2)
-        for length in (1, 3, 4, 5):
-            buffer.add(make_episode(length, first_serial=100 * length))
-        buffer.sample(2, 3)  # 6 draws allowed in total, 4 left
-        made.append(buffer)
-    failing, twin = made
-    before = failing.stats()
-    with pytest.raises(
-        ValueError,
-        match=r"batch_size must be <= the draws left under max_times_sampled=2 "
-        r"for the eligible episodes \(4\), got 5",
-    ) as info:
-        failing.sample(5, 3)
-    assert isinstance(info.value, ReuseLimitError)
-    assert failing.stats() == before
-    # The RNG and the counts are as if the call never happened: the twin agrees, and the
-    # 4 remaining draws are all still available.
-    _assert_batches_equal(failing.sample(4, 3), twin.sample(4, 3))
-    assert failing.stats() == twin.stats()
-
-
-def test_retired_episodes_are_reclaimed_when_oldest():
-    """Retired episodes at the front are evicted at once; one behind a live one stays."""
-    buffer = SequenceReplay(40, seed=0, max_times_sampled=1)
-    for length in (4, 1, 4):
-        buffer.add(make_episode(length))
-    batch = buffer.sample(2, 4)  # ids 0 and 2, once each: both retired
-    assert sorted(batch.episode_ids.tolist()) == [0, 2]
-    assert list(buffer.episode_ids) == [1, 2]  # id 0 reclaimed; id 1 (live) shields id 2
-    assert (len(buffer), buffer.num_episodes) == (5, 2)
-    stats = buffer.stats()
-    assert stats["episodes_retired"] == 2
-    assert stats["episodes_evicted_unsampled"] == 0
-
-
-def test_all_retired_episodes_are_reclaimed():
-    """When every stored episode retires, all storage is reclaimed; ids keep counting."""
-    buffer = SequenceReplay(40, seed=0, max_times_sampled=1)
-    for length in (4, 4, 4):
-        buffer.add(make_episode(length))
-    buffer.sample(3, 4)
-    assert (len(buffer), buffer.num_episodes, list(buffer.episode_ids)) == (0, 0, [])
-    assert buffer.stats()["transitions_stored"] == 0
-    with pytest.raises(ValueError, match="non-empty"):
-        buffer.sample(1, 1)
-    assert buffer.add(make_episode(2)) == 3
-
-
-def test_retired_episode_is_reclaimed_when_an_add_makes_it_oldest():
-    """A retired episode that becomes the oldest through an eviction is reclaimed."""
-    buffer = SequenceReplay(9, seed=0, max_times_sampled=1)
-    for length in (4, 1, 4):
-        buffer.add(make_episode(length))
-    buffer.sample(2, 4)  # retires ids 0 (reclaimed) and 2 (behind live id 1)
-    assert list(buffer.episode_ids) == [1, 2]
-    buffer.add(make_episode(5))  # needs 5 of 9: evicts id 1 only, id 2 becomes the oldest
-    assert 2 not in buffer
-    assert list(buffer.episode_ids) == [3]
-    assert len(buffer) == 5
-
-
-def test_gather_windows_does_not_count_towards_the_reuse_limit():
-    """`gather_windows` draws nothing: a K=1 episode can still be sampled afterwards."""
-    buffer = SequenceReplay(40, seed=0, max_times_sampled=1)
-    buffer.add(make_episode(5))
-    buffer.add(make_episode(1))
-    for _ in range(3):
-        buffer.gather_windows([0], [1], Window(2))
-    assert buffer.stats()["episodes_retired"] == 0
-    assert buffer.sample(1, 2).episode_ids.tolist() == [0]
-    assert buffer.stats()["episodes_retired"] == 1
+    for one, two in zip(drive(by_int), drive(by_generator), strict=True):
+        assert_batches_equal(one, two)
 
 
 # -------------------------------------------------------------------------------- stats
 
 
 def test_stats_has_every_key_and_starts_at_zero():
-    """`stats()` holds every SPEC counter, all zero for a new buffer."""
+    """`stats()` holds every documented counter, all zero for a new buffer."""
     stats = SequenceReplay(10).stats()
     assert set(stats) >= REQUIRED_STATS
     assert all(stats[key] == 0 for key in REQUIRED_STATS)
@@ -816,7 +348,7 @@ def test_stats_count_retirements_and_unsampled_evictions():
 
 def test_refused_sample_does_not_count():
     """A refused `sample` leaves `chunks_sampled` unchanged."""
-    buffer = _filled()
+    buffer = filled_buffer()
     before = buffer.stats()
     with pytest.raises(ValueError, match="longest stored episode"):
         buffer.sample(4, 100)
@@ -884,23 +416,3 @@ def test_concurrent_adds_and_samples_never_tear_a_chunk():
         assert first_serial_of[episode_id] == first
     assert len(buffer) <= 300
     assert list(buffer.episode_ids) == list(range(buffer.episode_ids.start, len(first_serial_of)))
-
-
-@pytest.mark.parametrize(
-    "values",
-    [
-        torch.arange(7, dtype=torch.bfloat16),  # no numpy view: copied with Tensor.copy_
-        torch.arange(7, dtype=torch.float32).requires_grad_(),  # neither
-        torch.arange(7, dtype=torch.float32),  # copied through numpy views
-    ],
-    ids=["bfloat16", "requires_grad", "float32"],
-)
-def test_add_stores_every_kind_of_field_exactly_across_the_seam(values):
-    """Both copy paths of `add` store the steps, also when an episode wraps the ring's seam."""
-    buffer = SequenceReplay(capacity=10, seed=0)
-    buffer.add(Episode({"x": values[:5].detach().clone()}))
-    wrapped = buffer.add(Episode({"x": values}))
-    assert buffer.episode_ids == range(1, 2)
-    stored = buffer[wrapped]["x"]
-    assert stored.dtype == values.dtype and not stored.requires_grad
-    assert torch.equal(stored, values.detach())

@@ -1,6 +1,7 @@
-"""The transition ring and episode table seen through `SequenceReplay` (SPEC section 2).
+"""The transition ring and episode table seen through `SequenceReplay`: at most ``capacity``
+transitions, in whole episodes, evicted oldest first.
 
-Capacity, wrap-around across the ring's seam, oldest-first eviction of whole episodes, ids,
+Capacity, wrap-around across the ring's seam (by each copy path of `add`), eviction, ids,
 lookups, the schema the first episode fixes, atomic `extend`, and copy semantics (no aliasing
 between the caller's tensors, stored data and sampled batches).
 """
@@ -149,6 +150,26 @@ def test_capacity_counts_transitions():
     buffer.add(make_episode(2))
     assert list(buffer.episode_ids) == [2, 3, 4, 5, 6]
     assert (len(buffer), buffer.num_episodes) == (6, 5)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        torch.arange(7, dtype=torch.bfloat16),  # no numpy view: copied with Tensor.copy_
+        torch.arange(7, dtype=torch.float32).requires_grad_(),  # neither
+        torch.arange(7, dtype=torch.float32),  # copied through numpy views
+    ],
+    ids=["bfloat16", "requires_grad", "float32"],
+)
+def test_add_stores_every_kind_of_field_exactly_across_the_seam(values):
+    """Both copy paths of `add` store the steps, also when an episode wraps the ring's seam."""
+    buffer = SequenceReplay(capacity=10, seed=0)
+    buffer.add(Episode({"x": values[:5].detach().clone()}))
+    wrapped = buffer.add(Episode({"x": values}))
+    assert buffer.episode_ids == range(1, 2)
+    stored = buffer[wrapped]["x"]
+    assert stored.dtype == values.dtype and not stored.requires_grad
+    assert torch.equal(stored, values.detach())
 
 
 # ---------------------------------------------------------------------------- lookups

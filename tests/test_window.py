@@ -1,11 +1,11 @@
-"""`Window` and anchor/window semantics (SPEC section 4): validation, hand-computed record
-tables for every boundary policy, `gather_windows` errors, and `sample_windows` eligibility,
-equivalence with `sample` / `sample_prioritized`, and sampled frequencies.
+"""`Window` and what an anchor expands to: validation, hand-computed record tables for every
+boundary policy, `gather_windows` errors, and `sample_windows` eligibility, equivalence with
+`sample` / `sample_prioritized`, and sampled frequencies.
 
-The record tables are written out by hand from SPEC section 4 (record ``k`` of an anchor
-``(e, t)`` targets step ``t + (k - burn_in) * dilation``), never recomputed with the formula.
-Every step carries a ``serial``: episode ``e`` of the standard buffer stores serials
-``100 * (e + 1) + step``.
+The record tables are written out by hand from the rule that record ``k`` of an anchor
+``(e, t)`` targets step ``t + (k - burn_in) * dilation``, never recomputed with the formula.
+Every step carries a ``serial``: episode ``e`` of the standard buffer
+(`conftest.standard_buffer`) stores serials ``100 * (e + 1) + step``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 import pytest
 import torch
-from conftest import make_episode
+from conftest import ANCHOR_IDS, ANCHOR_STEPS, TABLE_WINDOW, F, T, make_episode, standard_buffer
 from scipy import stats
 
 from lucid_replay import (
@@ -27,25 +27,6 @@ from lucid_replay import (
 )
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
-
-F, T = False, True
-
-# The standard buffer: episodes of lengths [4, 2, 6], the second terminated; nothing evicted.
-# Global offsets: episode 0 -> 0..3, episode 1 -> 4..5, episode 2 -> 6..11.
-LENGTHS = [4, 2, 6]
-
-# One window shape for every table: records target t-4, t-2, t, t+2, t+4 (W = 5).
-TABLE_WINDOW = {"length": 2, "burn_in": 2, "bootstrap": 1, "dilation": 2}
-ANCHOR_IDS = [2, 0, 1, 2]
-ANCHOR_STEPS = [1, 3, 0, 4]
-
-
-def _standard_buffer(buffer_type=SequenceReplay, **kwargs):
-    buffer = buffer_type(capacity=100, **kwargs)
-    buffer.add(make_episode(4, first_serial=100))
-    buffer.add(make_episode(2, terminated=True, first_serial=200))
-    buffer.add(make_episode(6, first_serial=300))
-    return buffer
 
 
 def _assert_data_is_stored_values(buffer, batch):
@@ -79,7 +60,7 @@ def _assert_data_is_stored_values(buffer, batch):
         ),
     ],
 )
-def test_window_rejects_values_outside_the_spec_ranges(kwargs, message):
+def test_window_rejects_values_outside_their_ranges(kwargs, message):
     """Window raises ValueError (InvalidArgumentError) naming the parameter, rule and value."""
     with pytest.raises(InvalidArgumentError, match=message) as caught:
         Window(**kwargs)
@@ -196,7 +177,7 @@ TABLES = {
 @pytest.mark.parametrize("boundary", ["pad", "stop", "include_reset"])
 def test_gather_windows_matches_the_hand_computed_table(boundary):
     """Records, masks, is_init, terminal and data equal the hand-computed table for the policy."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     window = Window(**TABLE_WINDOW, boundary=boundary)
     batch = buffer.gather_windows(ANCHOR_IDS, ANCHOR_STEPS, window)
     expected = TABLES[boundary]
@@ -220,7 +201,7 @@ def test_gather_windows_matches_the_hand_computed_table(boundary):
 @pytest.mark.parametrize("boundary", ["pad", "stop", "include_reset"])
 def test_gather_windows_dtypes_and_shapes(boundary):
     """Per-record entries are bool / int64 [B, W]; anchors int64 [B]; data [B, W, *shape]."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     batch = buffer.gather_windows(ANCHOR_IDS, ANCHOR_STEPS, Window(**TABLE_WINDOW))
     for name in ("learning_mask", "validity_mask", "is_init", "terminal"):
         value = getattr(batch, name)
@@ -239,7 +220,7 @@ def test_gather_windows_dtypes_and_shapes(boundary):
 
 def test_burn_in_never_shifts_the_anchor():
     """Records before the episode start clamp to step 0 invalid; the learning region stays put."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     window = Window(2, burn_in=3)  # records target t-3 .. t+1
     batch = buffer.gather_windows([2, 2], [0, 4], window)
     assert batch.record_steps.tolist() == [[0, 0, 0, 0, 1], [1, 2, 3, 4, 5]]
@@ -250,7 +231,7 @@ def test_burn_in_never_shifts_the_anchor():
 
 def test_stop_shift_moves_the_learning_region_before_the_drawn_anchor():
     """Under stop the shift may start the learning region before the anchor; anchor is reported."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     # Window(3, bootstrap=1, stop) at (episode 2, t=4): shift clamp(3 - 1, 0, 4) = 2.
     batch = buffer.gather_windows([2, 2], [4, 5], Window(3, bootstrap=1, boundary="stop"))
     assert batch.record_steps.tolist() == [[2, 3, 4, 5], [2, 3, 4, 5]]
@@ -307,7 +288,7 @@ def test_include_reset_clamped_records_carry_the_clamped_step_terminal_included(
 
 def test_gather_windows_accepts_lists_numpy_and_tensors():
     """Anchors may be lists, numpy arrays or tensors; the result is the same."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     window = Window(**TABLE_WINDOW)
     reference = buffer.gather_windows(ANCHOR_IDS, ANCHOR_STEPS, window)
     for ids, steps in [
@@ -343,14 +324,14 @@ def test_gather_windows_unknown_or_evicted_id_raises_key_error():
 )
 def test_gather_windows_step_outside_the_episode_raises_value_error(steps, message):
     """An anchor step outside its episode raises ValueError naming the step and its range."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     with pytest.raises(ValueError, match=message):
         buffer.gather_windows([1, 1], steps, Window(1))
 
 
 def test_gather_windows_mismatched_lengths_raise_value_error():
     """episode_ids and anchor_steps of different lengths raise ValueError."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     with pytest.raises(
         ValueError, match=r"^anchor_steps must be as long as episode_ids \(2\), got 3$"
     ):
@@ -359,14 +340,14 @@ def test_gather_windows_mismatched_lengths_raise_value_error():
 
 def test_gather_windows_rejects_a_non_window():
     """gather_windows refuses anything but a Window with a TypeError."""
-    buffer = _standard_buffer()
+    buffer = standard_buffer()
     with pytest.raises(TypeError, match=r"^window must be a Window, got int$"):
         buffer.gather_windows([0], [0], 3)
 
 
 def test_gather_windows_is_not_counted_by_the_reuse_limit():
     """gather_windows leaves stats and max_times_sampled allowances untouched; weights None."""
-    buffer = _standard_buffer(max_times_sampled=1, seed=0)
+    buffer = standard_buffer(max_times_sampled=1, seed=0)
     window = Window(2, burn_in=1, boundary="include_reset")
     for _ in range(3):
         batch = buffer.gather_windows([0, 1, 2, 2], [0, 1, 5, 0], window)
@@ -382,7 +363,7 @@ def test_gather_windows_is_not_counted_by_the_reuse_limit():
 
 def test_gather_windows_on_a_prioritized_buffer_has_no_weights():
     """gather_windows returns weights=None also on a PrioritizedSequenceReplay."""
-    buffer = _standard_buffer(PrioritizedSequenceReplay, seed=0)
+    buffer = standard_buffer(PrioritizedSequenceReplay, seed=0)
     batch = buffer.gather_windows([0, 2], [1, 1], Window(2))
     assert batch.weights is None
 
@@ -416,7 +397,7 @@ def test_sample_windows_rejects_bad_arguments():
 
 def test_sample_windows_prioritized_true_on_a_uniform_buffer_raises():
     """prioritized=True on a SequenceReplay raises ValueError and draws nothing."""
-    buffer = _standard_buffer(seed=0)
+    buffer = standard_buffer(seed=0)
     with pytest.raises(
         ValueError, match=r"^prioritized must be False or None on a SequenceReplay, got True$"
     ):
@@ -427,7 +408,7 @@ def test_sample_windows_prioritized_true_on_a_uniform_buffer_raises():
 
 def test_sample_windows_batch_is_consistent_with_gather_windows():
     """A sampled batch equals gather_windows at its own anchors (records, masks, data)."""
-    buffer = _standard_buffer(seed=5)
+    buffer = standard_buffer(seed=5)
     window = Window(2, burn_in=2, bootstrap=1, dilation=2, boundary="include_reset")
     sampled = buffer.sample_windows(64, window)
     gathered = buffer.gather_windows(sampled.episode_ids, sampled.anchor_steps, window)

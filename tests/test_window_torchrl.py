@@ -2,7 +2,7 @@
 
 TorchRL 0.14.1 (`torchrl/data/replay_buffers/sample_units.py`, PR pytorch/rl#4051) expands an
 anchor into `burn_in + length + bootstrap` records with `dilation` spacing and three boundary
-policies. SPEC section 4 promises the same records and masks for `allow_partial=True`, where
+policies. `gather_windows` gives the same records and masks for `allow_partial=True`, where
 every stored step is an anchor. Both buffers receive the same episodes in the same order:
 
 - `flat`: nothing is evicted, TorchRL's storage is not full; flat index = sum of the lengths of
@@ -181,7 +181,7 @@ def test_records_and_masks_match_torchrl_sequence(
 def test_data_terminal_is_init_follow_torchrl_records(
     layout, boundary, length, burn_in, bootstrap, dilation
 ):
-    """Data and terminal are those of TorchRL's (clamped) records; is_init follows SPEC on them."""
+    """Data and terminal equal TorchRL's (clamped) records; is_init is derived from them."""
     batch, ref, storage, _, _, _ = _both(layout, boundary, length, burn_in, bootstrap, dilation)
     index, valid = ref["index"], ref["validity_mask"]
 
@@ -190,7 +190,7 @@ def test_data_terminal_is_init_follow_torchrl_records(
     terminated = storage.get(("next", "terminated")).reshape(-1)
     assert torch.equal(batch.terminal.cpu(), terminated[index])
 
-    # TorchRL's Sequence has no is_init; SPEC: first valid record of each window, plus every
+    # TorchRL's Sequence has no is_init; ours: the first valid record of each window, plus every
     # valid record that is step 0 of an episode (TorchRL's InitTracker flag, stored per step).
     episode_start = storage.get("is_init").reshape(-1)[index]
     first_valid = torch.zeros_like(valid)
