@@ -135,12 +135,19 @@ def arange(count: int, like: Array) -> Array:
     return torch.arange(count, device=like.device)
 
 
-def clip_rows_(values: Array, low: int, high: Array) -> None:
-    """Clamp each row of the 2-d ``values`` into ``[low, high[row]]``, in place."""
+def clip_rows(values: Array, low: int, high: Array) -> Array:
+    """Each row of the 2-d ``values`` clamped into ``[low, high[row]]`` (a new array)."""
     if isinstance(values, np.ndarray):
-        np.clip(values, low, high[:, None], out=values)
+        return np.clip(values, low, high[:, None])
+    return torch.minimum(values.clamp_min(low), high[:, None])
+
+
+def add_outer(rows: Array, columns: Array, out: Array) -> None:
+    """``out[i, j] = rows[i] + columns[j]``, written into ``out``."""
+    if isinstance(out, np.ndarray):
+        np.add(rows[:, None], columns, out=out)
     else:
-        torch.clamp(values, min=torch.full_like(high, low)[:, None], max=high[:, None], out=values)
+        torch.add(rows[:, None], columns, out=out)
 
 
 def repeat_columns(values: Array, count: int) -> Array:

@@ -19,9 +19,9 @@ import attrs
 import torch
 
 from lucid_replay import arrays, checkpoint
-from lucid_replay.batch import Batch, WindowBatch
+from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.episode import Episode
-from lucid_replay.gather import chunk_batch, record_arrays, window_batch
+from lucid_replay.gather import chunk_batch, new_batch, record_arrays, window_batch
 from lucid_replay.priorities import Priorities
 from lucid_replay.sampling import Anchors, AnchorSampler
 from lucid_replay.schema import Schema
@@ -90,7 +90,17 @@ class ReplayCore:
         out: Batch | None = None,
     ) -> Batch:
         """Draw chunks of ``length`` steps onto ``target`` (into ``out``, if given)."""
+        if out is None and self.store.schema is not None:  # the batch first: see new_batch
+            kind = Batch if self.alpha(prioritized) is None else PrioritizedBatch
+            out = new_batch(
+                kind,
+                (batch_size, length),
+                self.store.schema,
+                target,
+                weights=kind is PrioritizedBatch,
+            )
         anchors = self.draw(batch_size, Window(length), prioritized=prioritized)
+        assert out is not None  # the draw refused an empty buffer (no schema yet)
         batch = chunk_batch(self.store.ring, self.store.table, anchors, length, target, out)
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
         return batch
@@ -105,6 +115,10 @@ class ReplayCore:
         out: WindowBatch | None = None,
     ) -> WindowBatch:
         """Draw anchors and expand each into ``window`` onto ``target`` (or into ``out``)."""
+        if out is None and self.store.schema is not None:  # the batch first: see new_batch
+            shape = (batch_size, window.size)
+            weights = self.alpha(prioritized) is not None
+            out = new_batch(WindowBatch, shape, self.store.schema, target, weights=weights)
         anchors = self.draw(batch_size, window, prioritized=prioritized)  # sampling
         batch = self.assemble(anchors, window, target, out)  # window, then batch
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
@@ -119,6 +133,11 @@ class ReplayCore:
     ) -> WindowBatch:
         """The `WindowBatch` of stored ``anchors`` expanded into ``window``, on ``target``."""
         table = self.store.table
+        if out is None:
+            assert self.store.schema is not None  # anchors are stored steps
+            shape = (int(anchors.rows.shape[0]), window.size)
+            weights = anchors.weights is not None
+            out = new_batch(WindowBatch, shape, self.store.schema, target, weights=weights)
         into = None if window.boundary == "include_reset" else record_arrays(out, table.device)
         records = expand(table, anchors, window, into)
         return window_batch(self.store.ring, table, anchors, records, window, target, out)

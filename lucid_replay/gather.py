@@ -1,16 +1,18 @@
 """Gathering: what a draw and its expansion describe, as batches on the learner's device.
 
-`chunk_batch` and `window_batch` read the records out of the ring and assemble a `Batch` or a
-`WindowBatch`. Every tensor of a new batch owns its memory. With ``out=`` (a batch the caller
-owns, from an earlier call of the same shape) everything is written into it instead, so a
+`chunk_batch` and `window_batch` read the records out of the ring into a `Batch` or a
+`WindowBatch`: a new one (`new_batch`: one allocation, all tensors owned by the batch), or
+with ``out=`` one the caller owns, from an earlier call of the same shape, so that a
 training loop's steady state allocates nothing. With CPU storage and a CUDA target, records
 are gathered into pinned host buffers kept between calls and copied ``non_blocking``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import TypeVar
 
 import torch
 
@@ -27,6 +29,7 @@ from lucid_replay.window import RecordArrays, Records, Window, layout
 __all__: list[str] = []  # internal module
 
 _Reader = Callable[[Mapping[str, torch.Tensor] | None], dict[str, torch.Tensor]]
+_B = TypeVar("_B")
 
 
 def chunk_batch(
@@ -35,11 +38,11 @@ def chunk_batch(
     anchors: Anchors,
     length: int,
     target: torch.device,
-    out: Batch | None = None,
+    out: Batch,
 ) -> Batch:
-    """``B`` chunks of ``length`` steps starting at ``anchors``, on ``target`` (or in ``out``).
+    """``B`` chunks of ``length`` steps starting at ``anchors``, written into ``out``.
 
-    With ``anchors.weights`` (a prioritized draw) the result is a `PrioritizedBatch`.
+    ``out`` (on ``target``) is a `PrioritizedBatch` for a prioritized draw; see `new_batch`.
     """
     first = table.start[anchors.rows] + anchors.steps
     record = layout(Window(length), ring.device).record
@@ -51,25 +54,13 @@ def chunk_batch(
     def read(into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
         return ring.gather_runs(first, length, 1, offsets_at, None, table.oldest_offset, into)
 
-    shape = (int(first.shape[0]), length)
-    data = gather(ring, shape, target, read, None if out is None else out.data)
-    if out is not None:
-        out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
-        out.starts.copy_(anchors.steps, non_blocking=True)
-        if isinstance(out, PrioritizedBatch) and anchors.weights is not None:
-            out.indices.copy_(anchors.episode_ids, non_blocking=True)
-            out.weights.copy_(anchors.weights, non_blocking=True)
-        return out
-    episode_ids, starts = anchors.episode_ids.to(target), anchors.steps.to(target)
-    if anchors.weights is None:
-        return Batch(data, episode_ids, starts)
-    return PrioritizedBatch(
-        data=data,
-        episode_ids=episode_ids,
-        starts=starts,
-        indices=episode_ids.clone(),
-        weights=anchors.weights.to(target),
-    )
+    gather(ring, (int(first.shape[0]), length), target, read, out.data)
+    out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
+    out.starts.copy_(anchors.steps, non_blocking=True)
+    if isinstance(out, PrioritizedBatch) and anchors.weights is not None:
+        out.indices.copy_(anchors.episode_ids, non_blocking=True)
+        out.weights.copy_(anchors.weights, non_blocking=True)
+    return out
 
 
 def window_batch(
@@ -79,12 +70,12 @@ def window_batch(
     records: Records,
     window: Window,
     target: torch.device,
-    out: WindowBatch | None = None,
+    out: WindowBatch,
 ) -> WindowBatch:
-    """The `WindowBatch` of ``records`` (expanded from ``anchors``), on ``target``.
+    """The records expanded from ``anchors``, written into the `WindowBatch` ``out``.
 
-    With ``out``, its tensors receive everything (``records`` may already be views of them,
-    see `record_arrays`) and ``out`` is returned.
+    ``out`` is on ``target``; ``records`` may already be views of its tensors (see
+    `record_arrays`), which are then left as they are.
     """
 
     def read(into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
@@ -99,40 +90,77 @@ def window_batch(
         )
 
     shape = tuple(records.valid.shape)
+    gather(ring, (shape[0], shape[1]), target, read, out.data)
+    entries = {
+        "validity_mask": records.valid,
+        "is_init": records.is_init,
+        "terminal": records.terminal,
+        "record_episode_ids": records.episode_ids,
+        "record_steps": records.steps,
+    }
+    for name, values in entries.items():
+        destination = getattr(out, name)
+        if values.data_ptr() != destination.data_ptr():  # not expanded into it already
+            destination.copy_(values, non_blocking=True)
     per_record = layout(window, target)
-    data = gather(ring, (shape[0], shape[1]), target, read, None if out is None else out.data)
-    if out is not None:
-        entries = {
-            "validity_mask": records.valid,
-            "is_init": records.is_init,
-            "terminal": records.terminal,
-            "record_episode_ids": records.episode_ids,
-            "record_steps": records.steps,
-        }
-        for name, values in entries.items():
-            destination = getattr(out, name)
-            if values.data_ptr() != destination.data_ptr():  # not expanded into it already
-                destination.copy_(values, non_blocking=True)
-        out.learning_mask.copy_(per_record.learning_mask.expand(shape))  # the caller may
-        out.step_in_sequence.copy_(per_record.record.expand(shape))  # have edited them
-        out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
-        out.anchor_steps.copy_(anchors.steps, non_blocking=True)
-        if out.weights is not None and anchors.weights is not None:
-            out.weights.copy_(anchors.weights, non_blocking=True)
-        return out
-    return WindowBatch(
-        data=data,
-        learning_mask=per_record.learning_mask.expand(shape).contiguous(),  # owned, not the cache
-        validity_mask=records.valid.to(target),
-        is_init=records.is_init.to(target),
-        terminal=records.terminal.to(target),
-        record_episode_ids=records.episode_ids.to(target),
-        record_steps=records.steps.to(target),
-        step_in_sequence=per_record.record.expand(shape).contiguous(),
-        episode_ids=anchors.episode_ids.to(target),
-        anchor_steps=anchors.steps.to(target),
-        weights=None if anchors.weights is None else anchors.weights.to(target),
-    )
+    out.learning_mask.copy_(per_record.learning_mask.expand(shape))  # rewritten: the caller
+    out.step_in_sequence.copy_(per_record.record.expand(shape))  # may have edited them
+    out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
+    out.anchor_steps.copy_(anchors.steps, non_blocking=True)
+    if out.weights is not None and anchors.weights is not None:
+        out.weights.copy_(anchors.weights, non_blocking=True)
+    return out
+
+
+def new_batch(
+    kind: Callable[..., _B],
+    shape: tuple[int, int],
+    schema: Schema,
+    device: torch.device,
+    *,
+    weights: bool,
+) -> _B:
+    """An empty ``kind`` batch of ``shape`` records, all its tensors in one allocation.
+
+    One block per batch, allocated before anything else of the draw: a stock allocator then
+    hands the next batch the block the previous one freed, as it does for a plain gather,
+    instead of growing and trimming its heap around a dozen outputs and the temporaries
+    between them (which faults hundreds of pages back in per call).
+    """
+    batch_size = shape[0]
+    specs = {
+        f"data.{name}": ((*shape, *field_shape), dtype)
+        for name, (field_shape, dtype) in schema.items()
+    }
+    if kind is WindowBatch:
+        for name in ("learning_mask", "validity_mask", "is_init", "terminal"):
+            specs[name] = (shape, torch.bool)
+        for name in ("record_episode_ids", "record_steps", "step_in_sequence"):
+            specs[name] = (shape, torch.int64)
+        specs["episode_ids"] = specs["anchor_steps"] = ((batch_size,), torch.int64)
+    else:
+        specs["episode_ids"] = specs["starts"] = ((batch_size,), torch.int64)
+        if kind is PrioritizedBatch:
+            specs["indices"] = ((batch_size,), torch.int64)
+    if weights:
+        specs["weights"] = ((batch_size,), torch.float32)
+    sizes = {name: math.prod(dims) * _itemsize(dtype) for name, (dims, dtype) in specs.items()}
+    offsets, total = {}, 0
+    for name, size in sizes.items():
+        offsets[name], total = total, total + -(-size // 64) * 64  # 64-byte aligned views
+    block = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+    views = {
+        name: block[offsets[name] : offsets[name] + sizes[name]].view(dtype).view(dims)
+        for name, (dims, dtype) in specs.items()
+    }
+    data = MappingProxyType({name: views.pop(f"data.{name}") for name in schema})
+    if kind is WindowBatch and not weights:
+        views["weights"] = None  # type: ignore[assignment]  # a uniform draw has none
+    return kind(data=data, **views)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def record_arrays(out: WindowBatch | None, storage: torch.device) -> RecordArrays | None:
@@ -153,28 +181,23 @@ def gather(
     shape: tuple[int, int],
     device: torch.device,
     read: _Reader,
-    out: Mapping[str, torch.Tensor] | None = None,
-) -> Mapping[str, torch.Tensor]:
-    """Run ``read`` (it fills ``[B, W, *field_shape]`` tensors) so its records land on ``device``.
+    out: Mapping[str, torch.Tensor],
+) -> None:
+    """Run ``read`` (it fills ``[B, W, *field_shape]`` tensors) so its records land in ``out``.
 
-    With CPU storage and a CUDA target the records are gathered into pinned host memory,
-    kept between calls of the same shape, and copied with ``non_blocking=True``, so the copy
-    overlaps whatever the learner's stream is doing. ``out`` receives the records if given.
+    ``out`` is on ``device``. With CPU storage and a CUDA target the records are gathered
+    into pinned host memory, kept between calls of the same shape, and copied with
+    ``non_blocking=True``, so the copy overlaps whatever the learner's stream is doing.
     """
     if ring.device == device:
-        return MappingProxyType(read(out))
-    if ring.device.type == "cpu" and device.type == "cuda":
-        host = read(ring.pinned(shape, device))
-        if out is None:
-            moved = {k: v.to(device, non_blocking=True) for k, v in host.items()}
-        else:
-            moved = {k: out[k].copy_(v, non_blocking=True) for k, v in host.items()}
+        read(out)
+    elif ring.device.type == "cpu" and device.type == "cuda":
+        for name, values in read(ring.pinned(shape, device)).items():
+            out[name].copy_(values, non_blocking=True)
         ring.record_copies(device)
-        return MappingProxyType(moved)
-    host = read(None)
-    if out is None:
-        return MappingProxyType({k: v.to(device) for k, v in host.items()})
-    return MappingProxyType({k: out[k].copy_(v) for k, v in host.items()})
+    else:
+        for name, values in read(None).items():
+            out[name].copy_(values)
 
 
 def check_out(

@@ -25,7 +25,7 @@ from lucid_replay import arrays
 from lucid_replay.batch import Batch, WindowBatch
 from lucid_replay.checks import as_vector
 from lucid_replay.errors import must
-from lucid_replay.gather import chunk_batch
+from lucid_replay.gather import chunk_batch, new_batch
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.window import Window
 
@@ -78,8 +78,11 @@ class ShardHooks:
             core.chunks_sampled += count - refused
             store = core.store
             if chunks:
+                assert store.schema is not None  # a positive mass means stored episodes
+                shape = (int(anchors.rows.shape[0]), window.length)
+                out = new_batch(Batch, shape, store.schema, target, weights=False)
                 batch: Batch | WindowBatch = chunk_batch(
-                    store.ring, store.table, anchors, window.length, target
+                    store.ring, store.table, anchors, window.length, target, out
                 )
             else:
                 batch = core.assemble(anchors, window, target)

@@ -204,12 +204,26 @@ class TransitionRing:
             target = None if out is None else out[name]
             result[name] = torch.index_select(runs, 0, arrays.tensor(firsts), out=target)
         if where is not None and where.shape[0]:
-            slots = arrays.tensor(self.slots(offsets_at(where), oldest_offset))
-            records = arrays.tensor(where)
-            for name, store in self.fields.items():
-                flat = result[name].view(-1, *store.shape[1:])
-                flat.index_copy_(0, records, self._repair_buffer(name, slots))
+            self._repair(result, where, self.slots(offsets_at(where), oldest_offset))
         return result
+
+    def _repair(self, result: Mapping[str, torch.Tensor], where: Array, slots: Array) -> None:
+        """Overwrite the records at flat positions ``where`` with the ring's ``slots``."""
+        host = self._host_fields
+        if (
+            host is not None
+            and isinstance(where, np.ndarray)
+            and result[next(iter(result))].device.type == "cpu"
+        ):
+            # numpy's row take and put: about 40% cheaper than index_select + index_copy_
+            for name, store in host.items():
+                records = result[name].numpy().reshape(-1, *store.shape[1:])
+                records[where] = np.take(store, slots, axis=0)
+            return
+        positions, slot_tensor = arrays.tensor(where), arrays.tensor(slots)
+        for name, ring_field in self.fields.items():
+            flat = result[name].view(-1, *ring_field.shape[1:])
+            flat.index_copy_(0, positions, self._repair_buffer(name, slot_tensor))
 
     def _repair_buffer(self, name: str, slots: torch.Tensor) -> torch.Tensor:
         """The records at ``slots`` of field ``name``, in a buffer kept for repairs.

@@ -252,7 +252,7 @@ def expand(
         record_ids = arrays.repeat_columns(arrays.engine(episode_ids), window.size)
     else:
         steps, valid, is_init, terminal = into.steps, into.valid, into.is_init, into.terminal
-        steps[...] = anchor[:, None] + step_offset
+        arrays.add_outer(anchor, step_offset, out=steps)
         valid[...], is_init[...], terminal[...] = True, False, False
         record_ids = into.episode_ids
         record_ids[...] = arrays.engine(episode_ids)[:, None]
@@ -261,8 +261,8 @@ def expand(
     out_of_episode = (first_step < 0) | (first_step + window.dilation * (window.size - 1) > last)
     clamped = bool(out_of_episode.any())
     if clamped:
-        arrays.clip_rows_(steps, 0, last)
         rows = arrays.flat_nonzero(out_of_episode)
+        steps[rows] = arrays.clip_rows(steps[rows], 0, last[rows])
         last_valid = window.burn_in + (last - anchor) // window.dilation  # its record index
         valid[rows] = (record >= first_valid[rows, None]) & (record <= last_valid[rows, None])
     # is_init: the first valid record only (one episode); terminal: a suffix of some rows.
