@@ -12,9 +12,11 @@ underflows float64 where the law ``P ∝ p^alpha`` itself does not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from lucid_replay import arrays
@@ -49,16 +51,17 @@ class Priorities:
 
         ``errors`` is float64 and finite (checked by the caller).
         """
-        priorities = errors.abs() + self.epsilon
-        overflow = torch.isinf(priorities)
-        if bool(overflow.any()):
-            at = int(overflow.nonzero()[0])
+        engine = arrays.engine(errors)
+        with np.errstate(over="ignore"):  # an overflow to inf is refused just below
+            priorities = abs(engine) + self.epsilon
+        if not arrays.all_finite(priorities):
+            at = int(arrays.flat_nonzero(~(abs(priorities) < math.inf))[0])
             raise must(
                 f"errors[{at}]",
                 f"at most {_FLOAT64_MAX - self.epsilon:.6g} so that |error| + epsilon stays finite",
                 float(errors[at]),
             )
-        return priorities
+        return arrays.tensor(priorities)
 
     def raise_max(self, priority: float) -> None:
         """Raise the largest priority ever set to ``priority`` if it is larger."""
@@ -127,13 +130,13 @@ def window_priorities(
     *,
     eta: float,
     mask: Any = None,
-) -> tuple[Array, Array]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     r"""R2D2's per-window priority from per-record errors ``[B, W]``.
 
     Over the records of each window that are in the learning region, valid, in the anchor's
     own episode and in ``mask``: $\eta \max |\delta| + (1 - \eta)\,\mathrm{mean} |\delta|$.
-    Returns the episode ids and mixed values of the windows that have a counted record, as
-    arrays of the `lucid_replay.arrays` engine of the masks' device.
+    Returns the episode ids and mixed values (float64) of the windows that have a counted
+    record, on the masks' device.
 
     Raises
     ------
@@ -154,30 +157,32 @@ def window_priorities(
             raise must_have(
                 "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
             )
-    learning, valid = arrays.engine(learning_mask), arrays.engine(validity_mask)
-    records, kept = arrays.engine(record_episode_ids), arrays.engine(values)
-    region = _shared_region(learning)
+    # In torch on every device: its row reductions of a few dozen elements are ~5x faster
+    # than numpy's on CPU, and its elementwise operations as fast.
+    learning, valid, records = learning_mask, validity_mask, record_episode_ids
+    region = _shared_region(arrays.engine(learning))
     if region is not None:  # only the learning columns can count: work on those alone
-        valid, records, kept = valid[:, region], records[:, region], kept[:, region]
-        counted = valid
+        valid, records, values = valid[:, region], records[:, region], values[:, region]
+        counted = valid & (records == episode_ids[:, None])
         if mask is not None:
             mask = mask[:, region]
     else:
-        counted = valid & learning
-    counted = counted & (records == arrays.engine(episode_ids)[:, None])
+        counted = valid & learning & (records == episode_ids[:, None])
     if mask is not None:
-        counted = counted & arrays.engine(mask)
-    magnitudes = arrays.where(counted, abs(kept), 0.0)
-    records = counted.sum(1)
-    mean = magnitudes.sum(1) / (records + (records == 0))
-    mixed = eta * arrays.row_max(magnitudes) + (1 - eta) * mean
+        counted &= mask
+    magnitudes = torch.where(counted, values.abs(), 0.0)
+    # The [B] arithmetic on the `arrays` engine: a numpy op costs a fifth of a torch one.
+    count = arrays.engine(counted.sum(1))
+    largest = arrays.cast(arrays.engine(magnitudes.amax(1)), torch.float64)
+    total = arrays.engine(magnitudes.sum(1, dtype=torch.float64))
+    mixed = eta * largest + (1 - eta) * (total / (count + (count == 0)))
     # A NaN or inf on a counted record reaches the max and the sum; others were masked.
     if not arrays.all_finite(mixed):
         raise must_have("errors", "finite on valid learning records", "a NaN or infinite value")
     ids = arrays.engine(episode_ids)
-    if not bool(records.all()):  # windows without a counted record carry no signal
-        ids, mixed = ids[records > 0], mixed[records > 0]
-    return ids, mixed
+    if not bool(count.all()):  # windows without a counted record carry no signal
+        ids, mixed = ids[count > 0], mixed[count > 0]
+    return arrays.tensor(ids), arrays.tensor(mixed)
 
 
 def _shared_region(learning: Array) -> slice | None:

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from lucid_replay import arrays
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
 from lucid_replay.checks import as_tensor, as_vector, check_float
 from lucid_replay.errors import must, wrong_kind
@@ -226,10 +225,9 @@ class PrioritizedSequenceReplay(SequenceReplay):
             eta=eta,
             mask=mask,
         )
-        mixed_errors = arrays.tensor(mixed).to(self._device, torch.float64)
-        priorities = self._priorities.of_errors(mixed_errors)
+        priorities = self._priorities.of_errors(mixed.to(self._device))
         with self._lock:
-            return self._core.apply_priorities(arrays.tensor(ids).to(self._device), priorities)
+            return self._core.apply_priorities(ids.to(self._device), priorities)
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
         """Set ``beta = beta0 + fraction * (final - beta0)``, ``beta0`` the constructor's value.
