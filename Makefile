@@ -50,7 +50,7 @@ define install
 endef
 
 $(STAMP): pyproject.toml
-	$(call install,$(VENV),$(TORCH),dev$(COMMA)test$(COMMA)examples)
+	$(call install,$(VENV),$(TORCH),dev$(COMMA)test$(COMMA)examples$(COMMA)fast)
 
 setup: $(STAMP)
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lucid_replay import arrays
+from lucid_replay import arrays, kernels
 from lucid_replay.arrays import Array
 from lucid_replay.checks import as_tensor, check_float
 from lucid_replay.errors import CheckpointError, must, must_have
@@ -157,24 +157,9 @@ def window_priorities(
             raise must_have(
                 "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
             )
-    # In torch on every device: its row reductions of a few dozen elements are ~5x faster
-    # than numpy's on CPU, and its elementwise operations as fast.
-    learning, valid, records = learning_mask, validity_mask, record_episode_ids
-    region = _shared_region(arrays.engine(learning))
-    if region is not None:  # only the learning columns can count: work on those alone
-        valid, records, values = valid[:, region], records[:, region], values[:, region]
-        counted = valid & (records == episode_ids[:, None])
-        if mask is not None:
-            mask = mask[:, region]
-    else:
-        counted = valid & learning & (records == episode_ids[:, None])
-    if mask is not None:
-        counted &= mask
-    magnitudes = torch.where(counted, values.abs(), 0.0)
-    # The [B] arithmetic on the `arrays` engine: a numpy op costs a fifth of a torch one.
-    count = arrays.engine(counted.sum(1))
-    largest = arrays.cast(arrays.engine(magnitudes.amax(1)), torch.float64)
-    total = arrays.engine(magnitudes.sum(1, dtype=torch.float64))
+    count, largest, total = _reduce_rows(
+        learning_mask, validity_mask, record_episode_ids, episode_ids, values, mask
+    )
     mixed = eta * largest + (1 - eta) * (total / (count + (count == 0)))
     # A NaN or inf on a counted record reaches the max and the sum; others were masked.
     if not arrays.all_finite(mixed):
@@ -183,6 +168,58 @@ def window_priorities(
     if not bool(count.all()):  # windows without a counted record carry no signal
         ids, mixed = ids[count > 0], mixed[count > 0]
     return arrays.tensor(ids), arrays.tensor(mixed)
+
+
+def _reduce_rows(
+    learning: torch.Tensor,
+    valid: torch.Tensor,
+    records: torch.Tensor,
+    anchor_ids: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> tuple[Array, Array, Array]:
+    """Per window: counted records, their largest |error| and the sum of their |errors|.
+
+    The sum is float64, in record order, so that every engine adds the same numbers in the
+    same order. Arrays of the `arrays` engine; a NaN or infinite counted error makes its
+    window's largest or sum non-finite.
+    """
+    on_host = isinstance(arrays.engine(valid), np.ndarray)
+    compiled = kernels.get() if on_host else None
+    if compiled is not None:
+        engine_mask = None if mask is None else arrays.engine(mask)
+        count, largest, total, finite = compiled["route"](
+            arrays.engine(learning),
+            arrays.engine(valid),
+            arrays.engine(records),
+            arrays.engine(anchor_ids),
+            arrays.engine(values),
+            engine_mask,
+        )
+        if not finite:
+            total[:] = math.nan  # refused by the caller
+        return count, largest, total
+    # Torch for the [B, W] masks (its row reductions of a few dozen elements are ~5x faster
+    # than numpy's on CPU); the sum is a cumulative one, which adds in record order.
+    region = _shared_region(arrays.engine(learning))
+    if region is not None:  # only the learning columns can count: work on those alone
+        valid, records, values = valid[:, region], records[:, region], values[:, region]
+        counted = valid & (records == anchor_ids[:, None])
+        if mask is not None:
+            mask = mask[:, region]
+    else:
+        counted = valid & learning & (records == anchor_ids[:, None])
+    if mask is not None:
+        counted &= mask
+    magnitudes = torch.where(counted, values.abs(), 0.0)
+    count = arrays.engine(counted.sum(1))
+    largest = arrays.cast(arrays.engine(magnitudes.amax(1)), torch.float64)
+    sums = arrays.engine(magnitudes.double())
+    if isinstance(sums, np.ndarray):
+        total = np.cumsum(sums, axis=1)[:, -1] if sums.shape[1] else sums.sum(1)
+    else:
+        total = sums.cumsum(1)[:, -1] if sums.shape[1] else sums.sum(1)
+    return count, largest, total
 
 
 def _shared_region(learning: Array) -> slice | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lucid_replay import arrays
+from lucid_replay import arrays, kernels
 from lucid_replay.arrays import Array
 
 __all__: list[str] = []  # internal module
@@ -85,7 +85,12 @@ def refresh(tree: torch.Tensor, indices: Array) -> None:
     """
     count = leaf_count(tree)
     nodes = arrays.engine(arrays.tensor(indices)) + count
-    _refresh_ancestors(arrays.engine(tree), nodes, count.bit_length() - 1)
+    engine = arrays.engine(tree)
+    compiled = kernels.get() if isinstance(engine, np.ndarray) else None
+    if compiled is not None:
+        compiled["refresh"](engine, arrays.cast(nodes, torch.int64), count.bit_length() - 1)
+    else:
+        _refresh_ancestors(engine, nodes, count.bit_length() - 1)
 
 
 def _refresh_ancestors(tree: Array, nodes: Array, levels: int) -> None:
@@ -115,6 +120,12 @@ def search(tree: torch.Tensor, targets: Array) -> Array:
     count = leaf_count(tree)
     nodes = arrays.engine(tree)
     wanted = arrays.cast(arrays.engine(arrays.tensor(targets)), torch.float64)
+    compiled = kernels.get() if isinstance(wanted, np.ndarray) else None
+    if compiled is not None:  # the guarded descent, compiled: bitwise the same leaves
+        flat = np.ascontiguousarray(wanted).reshape(-1)
+        found_leaves = compiled["descend"](nodes, flat, count.bit_length() - 1)
+        found_leaves = found_leaves.reshape(wanted.shape)
+        return found_leaves if isinstance(targets, np.ndarray) else arrays.tensor(found_leaves)
     root: Array
     if isinstance(wanted, np.ndarray):
         root = np.ones(wanted.shape, dtype=np.int64)

@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 import torch
 
-from lucid_replay import arrays
+from lucid_replay import arrays, kernels
 from lucid_replay.arrays import Array
 from lucid_replay.checks import check_int
 from lucid_replay.errors import must, wrong_type
@@ -224,14 +224,6 @@ def expand(
         to_last_record = window.dilation * (window.length + window.bootstrap - 1)
         overrun = to_last_record - (last - anchor)
         anchor = anchor - arrays.minimum(overrun * (overrun > 0), anchor)
-    # Record k targets step anchor + (k - burn_in) * dilation, which rises with k: a window's
-    # valid records are one run, from the first with a target >= 0 (the only record that is
-    # first or at step 0) to the last with a target <= last, and a record is at the last step
-    # (or clamped to it) from the first with a target >= last on: from record 0 if last is 0.
-    first_valid = window.burn_in - anchor // window.dilation
-    first_valid = first_valid * (first_valid > 0)
-    at_last = (window.burn_in - (anchor - last) // window.dilation) * (last > 0)
-    at_last = at_last + window.size * ~column["terminated"][where]  # never if not terminated
     starts = column["start"][where]
     cached = layout(window, episode_ids.device)
     if window.boundary == "include_reset":
@@ -242,6 +234,19 @@ def expand(
             arrays.tensor(last).unsqueeze(1),
             arrays.tensor(anchor).unsqueeze(1) + cached.step_offset,
         )
+    compiled = kernels.get() if isinstance(anchor, np.ndarray) else None
+    if compiled is not None:
+        return _compiled_records(
+            compiled, column, where, anchor, last, starts, anchors, window, into
+        )
+    # Record k targets step anchor + (k - burn_in) * dilation, which rises with k: a window's
+    # valid records are one run, from the first with a target >= 0 (the only record that is
+    # first or at step 0) to the last with a target <= last, and a record is at the last step
+    # (or clamped to it) from the first with a target >= last on: from record 0 if last is 0.
+    first_valid = window.burn_in - anchor // window.dilation
+    first_valid = first_valid * (first_valid > 0)
+    at_last = (window.burn_in - (anchor - last) // window.dilation) * (last > 0)
+    at_last = at_last + window.size * ~column["terminated"][where]  # never if not terminated
     record, step_offset = arrays.engine(cached.record), arrays.engine(cached.step_offset)
     shape = (int(anchor.shape[0]), window.size)
     if into is None:
@@ -278,6 +283,52 @@ def expand(
         is_init=arrays.tensor(is_init),
         terminal=arrays.tensor(terminal),
         clamped=clamped,
+        starts=starts,
+    )
+
+
+def _compiled_records(
+    compiled: dict[str, Any],
+    column: dict[str, Array],
+    where: Array,
+    anchor: Array,
+    last: Array,
+    starts: Array,
+    anchors: Anchors,
+    window: Window,
+    into: RecordArrays | None,
+) -> Records:
+    """`expand`'s one-episode windows by the compiled kernel (the same records)."""
+    shape = (int(anchor.shape[0]), window.size)
+    if into is None:
+        into = RecordArrays(
+            steps=np.empty(shape, dtype=np.int64),
+            valid=np.empty(shape, dtype=np.bool_),
+            is_init=np.empty(shape, dtype=np.bool_),
+            terminal=np.empty(shape, dtype=np.bool_),
+            episode_ids=np.empty(shape, dtype=np.int64),
+        )
+    clamped = compiled["expand"](
+        np.ascontiguousarray(anchor),
+        np.ascontiguousarray(last),
+        np.ascontiguousarray(column["terminated"][where]),
+        arrays.engine(anchors.episode_ids),
+        window.burn_in,
+        window.dilation,
+        into.steps,
+        into.valid,
+        into.is_init,
+        into.terminal,
+        into.episode_ids,
+    )
+    return Records(
+        first_offsets=arrays.tensor(starts + anchor - window.burn_in * window.dilation),
+        episode_ids=arrays.tensor(into.episode_ids),
+        steps=arrays.tensor(into.steps),
+        valid=arrays.tensor(into.valid),
+        is_init=arrays.tensor(into.is_init),
+        terminal=arrays.tensor(into.terminal),
+        clamped=bool(clamped),
         starts=starts,
     )
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import lucid_replay
+import lucid_replay.kernels
 
 _serials = itertools.count(1_000)
 
@@ -45,12 +46,16 @@ def episode_factory():
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture(params=["numpy", "torch"])
+@pytest.fixture(params=["kernels", "numpy", "torch"])
 def index_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test with the index arithmetic on numpy views (what CPU storage uses) and on
-    tensors (what an accelerator uses), so the accelerator's code path is tested on CPU too.
+    """Run a test with the index arithmetic in the compiled kernels (what CPU storage uses
+    when numba is installed), on numpy views (without them) and on tensors (what an
+    accelerator uses), so that every code path is tested on CPU.
     """
-    monkeypatch.setattr(lucid_replay.arrays, "numpy_on_cpu", request.param == "numpy")
+    if request.param == "kernels" and lucid_replay.kernels.get() is None:
+        pytest.skip("numba is not installed: the compiled kernels cannot run")
+    monkeypatch.setattr(lucid_replay.arrays, "numpy_on_cpu", request.param != "torch")
+    monkeypatch.setattr(lucid_replay.kernels, "enabled", request.param == "kernels")
     return str(request.param)
 
 
