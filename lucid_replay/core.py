@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import torch
 
 from lucid_replay import arrays, checkpoint
@@ -29,6 +28,17 @@ from lucid_replay.store import EpisodeStore
 from lucid_replay.window import Window, expand
 
 __all__: list[str] = []  # internal module
+
+
+class _SpanName:
+    """Names the argument that set a window's anchor span, in a refusal (built lazily)."""
+
+    def __init__(self, window: Window) -> None:
+        self.window = window
+
+    def __str__(self) -> str:
+        window = self.window
+        return "length" if window == Window(window.length) else "the window's anchor span"
 
 
 class ReplayCore:
@@ -63,12 +73,18 @@ class ReplayCore:
     def draw(self, batch_size: int, window: Window, *, prioritized: bool) -> Anchors:
         """Draw anchors whose learning region fits, with importance weights if prioritized."""
         alpha = self.alpha(prioritized)
-        what = "length" if window == Window(window.length) else "the window's anchor span"
         anchors = self.sampler.checked_draw(
-            batch_size, window.anchor_span, what=what, alpha=alpha, generator=self.generator
+            batch_size,
+            window.anchor_span,
+            what=_SpanName(window),
+            alpha=alpha,
+            generator=self.generator,
         )
         if self.priorities is not None and alpha is not None:
-            anchors = attrs.evolve(anchors, weights=self.priorities.weights(anchors.priorities))
+            weights = self.priorities.weights(anchors.priorities)
+            anchors = Anchors(
+                anchors.rows, anchors.episode_ids, anchors.steps, anchors.priorities, weights
+            )
         self.chunks_sampled += batch_size
         return anchors
 

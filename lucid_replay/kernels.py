@@ -60,6 +60,12 @@ def _compile() -> dict[str, Any]:
         return found
 
     @jit
+    def count(times: np.ndarray, rows: np.ndarray) -> None:
+        """``times[rows] += 1``, counting a repeated row once per occurrence."""
+        for i in range(rows.shape[0]):
+            times[rows[i]] += 1
+
+    @jit
     def refresh(tree: np.ndarray, leaves: np.ndarray, levels: int) -> None:
         """Recompute the ancestors of ``leaves`` (tree indices of leaves) from their children."""
         for i in range(leaves.shape[0]):
@@ -82,22 +88,25 @@ def _compile() -> dict[str, Any]:
         terminal: np.ndarray,
         record_ids: np.ndarray,
     ) -> bool:
-        """`window.expand` for one episode per window (pad, stop after its shift)."""
+        """`window.expand` for one episode per window (pad, stop after its shift).
+
+        Per window, records ``first .. final`` are valid (their targets lie in the episode);
+        the ones before clamp to step 0, the ones after to the last step, and a record at
+        (or clamped to) the last step of a terminated episode is terminal.
+        """
         clamped = False
         size = steps.shape[1]
         for b in range(anchor.shape[0]):
-            first_step = anchor[b] - burn_in * dilation
-            seen_valid = False
+            first_step, end = anchor[b] - burn_in * dilation, last[b]
+            first = max(0, -(first_step // dilation))  # first k with a target >= 0
+            final = min(size - 1, (end - first_step) // dilation)  # last k with target <= end
+            clamped |= first > 0 or final < size - 1
             for k in range(size):
-                target = first_step + k * dilation
-                step = min(max(target, 0), last[b])
-                ok = step == target
-                clamped |= not ok
+                step = min(max(first_step + k * dilation, 0), end)
                 steps[b, k] = step
-                valid[b, k] = ok
-                is_init[b, k] = ok and not seen_valid
-                seen_valid |= ok
-                terminal[b, k] = terminated[b] and step == last[b]
+                valid[b, k] = first <= k <= final
+                is_init[b, k] = k == first
+                terminal[b, k] = terminated[b] and step == end
                 record_ids[b, k] = episode_ids[b]
         return clamped
 
@@ -133,4 +142,10 @@ def _compile() -> dict[str, Any]:
                 total[b] += np.float64(magnitude)
         return count, largest, total, finite
 
-    return {"descend": descend, "refresh": refresh, "expand": expand, "route": route}
+    return {
+        "count": count,
+        "descend": descend,
+        "refresh": refresh,
+        "expand": expand,
+        "route": route,
+    }

@@ -27,7 +27,7 @@ import attrs
 import numpy as np
 import torch
 
-from lucid_replay import arrays, sum_tree
+from lucid_replay import arrays, kernels, sum_tree
 from lucid_replay.arrays import Array
 from lucid_replay.errors import ReuseLimitError, must, must_have
 from lucid_replay.table import EpisodeTable
@@ -193,11 +193,11 @@ class AnchorSampler:
         batch_size: int,
         span: int,
         *,
-        what: str,
+        what: object,
         alpha: float | None,
         generator: torch.Generator,
     ) -> Anchors:
-        """`draw`, after refusing a table with nothing eligible (``what`` names the span)."""
+        """`draw`, after refusing a table with nothing eligible (``str(what)`` names the span)."""
         if self.table.num_episodes == 0:
             raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
         if self.mass(span, alpha) <= 0:
@@ -223,7 +223,7 @@ class AnchorSampler:
         column = self.table.arrays
         if self.reuse_limit is None:
             rows, steps = self._draw_rows(tree, batch_size, span, generator)
-            arrays.add_at(column["times_sampled"], rows, 1)
+            _count_draws(column["times_sampled"], rows)
         else:
             drawn_rows, drawn_steps = self._draw_within_limit(tree, batch_size, span, generator)
             self._count_draws_within_limit(drawn_rows)
@@ -245,7 +245,7 @@ class AnchorSampler:
         rows, steps = self._draw_rows(tree, count, span, generator)
         rows, steps = arrays.tensor(rows), arrays.tensor(steps)
         if self.reuse_limit is None:
-            arrays.add_at(self.table.arrays["times_sampled"], arrays.engine(rows), 1)
+            _count_draws(self.table.arrays["times_sampled"], arrays.engine(rows))
             return self._anchors(arrays.engine(rows), arrays.engine(steps), alpha), 0
         allowance = self.reuse_limit - self.table.times_sampled[rows]
         keep = _occurrence_rank(rows) < allowance
@@ -337,7 +337,7 @@ class AnchorSampler:
         left = (self.reuse_limit - table.times_sampled[rows]).clamp_min(0)
         return int((left * eligible).sum())
 
-    def nothing_eligible(self, span: int, what: str, batch_size: int) -> Exception:
+    def nothing_eligible(self, span: int, what: object, batch_size: int) -> Exception:
         """The error for a draw of ``span`` from a non-empty table with zero mass.
 
         ``what`` names the argument that set the span (``"length"``, ...).
@@ -345,7 +345,7 @@ class AnchorSampler:
         table = self.table
         longest = int(table.length[table.stored_rows()].max())
         if longest < span:
-            return must(what, f"<= the longest stored episode ({longest} steps)", span)
+            return must(str(what), f"<= the longest stored episode ({longest} steps)", span)
         return self.reuse_limit_error(span, batch_size)
 
     def reuse_limit_error(self, span: int, batch_size: int) -> ReuseLimitError:
@@ -386,6 +386,15 @@ class _CachedTree:
             parts.append(arrays.from_ints(ints, device))
         self.pending, self.pending_count = [], 0
         return arrays.concatenate(parts)
+
+
+def _count_draws(times_sampled: Array, rows: Array) -> None:
+    """``times_sampled[rows] += 1``, a repeated row counted once per draw."""
+    compiled = kernels.get() if isinstance(rows, np.ndarray) else None
+    if compiled is not None:
+        compiled["count"](times_sampled, rows)  # np.add.at costs ~10 us for 256 rows
+    else:
+        arrays.add_at(times_sampled, rows, 1)
 
 
 def _occurrence_rank(values: torch.Tensor) -> torch.Tensor:
