@@ -53,3 +53,24 @@ def test_r2d2_cartpole_smoke_run_ends_with_the_evaluation_line(tmp_path):
         r"final evaluation return: \d+\.\d+ \+/- \d+\.\d+ over 2 episodes", last_line
     )
     assert plot.stat().st_size > 0
+
+
+def test_torchrl_dqn_smoke_run_trains_on_collector_batches(tmp_path):
+    """A few collector batches go through the assembler into the buffer, TorchRL's DQNLoss
+    trains on to_tensordict() batches, and the final summary line is printed."""
+    pytest.importorskip("torchrl")
+    output = _run(
+        "torchrl_dqn.py",
+        "--frames",
+        "400",
+        "--learning-starts",
+        "100",
+        "--updates-per-batch",
+        "2",
+        "--eval-episodes",
+        "1",
+        cwd=tmp_path,
+    )
+    lines = output.strip().splitlines()
+    assert re.fullmatch(r"stored \d+ episodes", lines[-2])
+    assert re.fullmatch(r"final evaluation return: \d+\.\d", lines[-1])
