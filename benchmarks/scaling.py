@@ -25,7 +25,7 @@ from benchmarks.lucid_rows import (
     window_errors,
 )
 from benchmarks.rows import Only, Row, release
-from benchmarks.timing import Timing, measure, measure_rounds
+from benchmarks.timing import CacheSweep, Timing, measure, measure_rounds
 from lucid_replay import PrioritizedSequenceReplay, Window
 
 
@@ -38,23 +38,28 @@ def _constant(length: int, _: int) -> int:
 
 
 def _time_sample_update(
-    config: Config, buffer: PrioritizedSequenceReplay, window: Window, errors: torch.Tensor
+    config: Config,
+    buffer: PrioritizedSequenceReplay,
+    window: Window,
+    errors: torch.Tensor,
+    sweep: CacheSweep,
 ) -> Timing:
     def step() -> object:
         drawn = buffer.sample_windows(config.batch, window)
         return buffer.update_priorities_from(drawn, errors)
 
-    return measure(step, reps=config.reps, warmup=config.warmup)
+    return measure(step, reps=config.reps, warmup=config.warmup, before=sweep)
 
 
 def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
     """Sample time at each stored-transition count, every size timed in the same rounds.
 
-    All buffers are built first and each round samples every size once, so no size finds its
-    data in cache from its own previous call: a 10k-transition ring (2.7 MB) would otherwise
-    be read from cache on every call, which no learner that runs a network between samples
-    sees. It also puts every size under the same load. Each size's floor is a `GatherFloor`
-    of that many records (the size of that buffer's storage).
+    All buffers are built first and each round samples every size once, with the CPU caches
+    swept before every call (`CacheSweep`), so no size finds its data in cache: a
+    10k-transition ring (2.7 MB) would otherwise be read from cache on every call, which no
+    learner that runs a network between samples sees. It also puts every size under the same
+    load. Each size's floor is a `GatherFloor` of that many records (the size of that
+    buffer's storage).
     """
     rows: list[Row] = []
     window = reference_window(config)
@@ -105,7 +110,10 @@ def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
                     f"lucid_replay {series} sample_windows, {tag} transitions",
                     {**extra, "series": f"lucid {series}"},
                 )
-    timings = measure_rounds(calls, reps=config.reps, warmup=config.warmup) if calls else {}
+    sweep = CacheSweep()
+    timings = (
+        measure_rounds(calls, reps=config.reps, warmup=config.warmup, before=sweep) if calls else {}
+    )
     for key, timing in timings.items():
         label, extra = labels[key]
         rows.append(Row.timed(key, label, timing, group=group, extra=extra))
@@ -140,6 +148,7 @@ def episode_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
     window = reference_window(config, allow_partial=True)
     errors = window_errors(config)
     group = "scale_episodes"
+    sweep = CacheSweep()  # every size reads its table, trees and data from memory
     for count in config.scale_episodes:
         tag = _label(count)
         length = max(1, config.episode_total // count)
@@ -152,7 +161,7 @@ def episode_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
         steps = functools.partial(_constant, length)
         if only("scale.E.lucid"):
             buffer = scaled_buffer(config, capacity, steps, count, source)
-            timing = _time_sample_update(config, buffer, window, errors)
+            timing = _time_sample_update(config, buffer, window, errors, sweep)
             stored = buffer.stats()["episodes_stored"]
             rows.append(
                 Row.timed(

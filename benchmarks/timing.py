@@ -15,6 +15,8 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 
 def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -69,19 +71,48 @@ class _GcPaused:
             gc.enable()
 
 
-def measure(call: Callable[[], object], *, reps: int, warmup: int) -> Timing:
-    """Time ``call`` ``reps`` times after ``warmup`` untimed calls."""
+def measure(
+    call: Callable[[], object],
+    *,
+    reps: int,
+    warmup: int,
+    before: Callable[[], object] | None = None,
+) -> Timing:
+    """Time ``call`` ``reps`` times after ``warmup`` untimed calls (``before`` each, untimed)."""
     for _ in range(warmup):
         call()
     recorder = _Recorder()
     with _GcPaused():
         for _ in range(reps):
+            if before is not None:
+                before()
             recorder.time(call)
     return recorder.timing(reps)
 
 
+class CacheSweep:
+    """Evicts the CPU caches (untimed) by writing a buffer of several times their size.
+
+    Before each timed call of a scaling row, so that every size reads its data from memory,
+    as a learner does after a network's forward and backward pass evicted it: a 2.7 MB ring
+    would otherwise sit in a 32 MB L3 cache and gather twice as fast as a 2.7 GB one, which
+    measures the cache, not the sampler.
+    """
+
+    def __init__(self, megabytes: int = 128) -> None:
+        self._lines = np.zeros(megabytes * 2**20 // 8, dtype=np.int64)
+
+    def __call__(self) -> None:
+        self._lines[::8] += 1  # one write per 64-byte cache line
+
+
 def measure_rounds(
-    calls: Mapping[str, Callable[[], object]], *, reps: int, warmup: int, block: int = 1
+    calls: Mapping[str, Callable[[], object]],
+    *,
+    reps: int,
+    warmup: int,
+    block: int = 1,
+    before: Callable[[], object] | None = None,
 ) -> dict[str, Timing]:
     """Time several calls in rounds: each round makes ``block`` calls of each, one after the
     other, until every call was timed ``reps`` times.
@@ -89,7 +120,8 @@ def measure_rounds(
     Rows compared by a ratio are then timed under the same conditions: a burst of load from
     elsewhere on a shared machine lands on all of them, not on whichever row was running.
     With ``block=1`` no call finds its data in cache from its own previous call; a larger
-    block lets each run in its steady state, as when timed alone.
+    block lets each run in its steady state, as when timed alone. ``before`` runs, untimed,
+    before every timed call (for example a `CacheSweep`).
     """
     for _ in range(warmup):
         for call in calls.values():
@@ -99,5 +131,7 @@ def measure_rounds(
         for _ in range(-(-reps // block)):
             for name, call in calls.items():
                 for _ in range(block):
+                    if before is not None:
+                        before()
                     recorders[name].time(call)
     return {name: recorder.timing(reps) for name, recorder in recorders.items()}

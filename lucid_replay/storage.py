@@ -53,8 +53,8 @@ class TransitionRing:
                 )
                 reason = str(error).splitlines()[0]
                 raise MemoryError(
-                    f"capacity={self.capacity} transitions of these fields need {needed:,} "
-                    f"bytes on {self.device}, which could not be allocated ({reason})"
+                    f"capacity must fit this device's memory for these fields ({needed:,} "
+                    f"bytes on {self.device}), got {self.capacity}: {reason}"
                 ) from None
         self.fields = fields
         try:  # numpy views of the same memory, for `write`
