@@ -9,6 +9,7 @@ are gathered into pinned host buffers kept between calls and copied ``non_blocki
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -127,6 +128,32 @@ def new_batch(
     instead of growing and trimming its heap around a dozen outputs and the temporaries
     between them (which faults hundreds of pages back in per call).
     """
+    total, views = _block_layout(kind, shape, schema, weights)
+    block = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+    typed: dict[torch.dtype, torch.Tensor] = {}  # the block as each dtype (offsets align)
+    tensors: dict[str, torch.Tensor | None] = {}
+    for name, dims, strides, dtype, offset in views:
+        if dtype not in typed:
+            typed[dtype] = block[: total - total % dtype.itemsize].view(dtype)
+        tensors[name] = torch.as_strided(typed[dtype], dims, strides, offset)
+    data = MappingProxyType({name: tensors.pop(f"data.{name}") for name in schema})
+    if kind is WindowBatch and not weights:
+        tensors["weights"] = None  # a uniform draw has none
+    return kind(data=data, **tensors)
+
+
+_View = tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype, int]
+
+
+@functools.lru_cache(maxsize=32)
+def _block_layout(
+    kind: Callable[..., object], shape: tuple[int, int], schema: Schema, weights: bool
+) -> tuple[int, tuple[_View, ...]]:
+    """Bytes of a batch's block, and per tensor its name, shape, strides, dtype and offset.
+
+    Offsets count elements of the tensor's dtype; tensors start 64-byte aligned, so every
+    dtype's view of the block reaches every tensor.
+    """
     batch_size = shape[0]
     specs = {
         f"data.{name}": ((*shape, *field_shape), dtype)
@@ -144,23 +171,12 @@ def new_batch(
             specs["indices"] = ((batch_size,), torch.int64)
     if weights:
         specs["weights"] = ((batch_size,), torch.float32)
-    sizes = {name: math.prod(dims) * _itemsize(dtype) for name, (dims, dtype) in specs.items()}
-    offsets, total = {}, 0
-    for name, size in sizes.items():
-        offsets[name], total = total, total + -(-size // 64) * 64  # 64-byte aligned views
-    block = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
-    views = {
-        name: block[offsets[name] : offsets[name] + sizes[name]].view(dtype).view(dims)
-        for name, (dims, dtype) in specs.items()
-    }
-    data = MappingProxyType({name: views.pop(f"data.{name}") for name in schema})
-    if kind is WindowBatch and not weights:
-        views["weights"] = None  # type: ignore[assignment]  # a uniform draw has none
-    return kind(data=data, **views)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    views, total = [], 0
+    for name, (dims, dtype) in specs.items():
+        strides = tuple(math.prod(dims[i + 1 :]) for i in range(len(dims)))
+        views.append((name, dims, strides, dtype, total // dtype.itemsize))
+        total += -(-math.prod(dims) * dtype.itemsize // 64) * 64
+    return total, tuple(views)
 
 
 def record_arrays(out: WindowBatch | None, storage: torch.device) -> RecordArrays | None:

@@ -129,17 +129,18 @@ def _compile() -> dict[str, Any]:
         total = np.zeros(rows, dtype=np.float64)
         finite = True
         for b in range(rows):
+            anchor, counted, most, added = anchor_ids[b], 0, 0.0, 0.0
             for k in range(valid.shape[1]):
-                if not (learning[b, k] and valid[b, k] and record_ids[b, k] == anchor_ids[b]):
+                if not (learning[b, k] and valid[b, k] and record_ids[b, k] == anchor):
                     continue
                 if mask is not None and not mask[b, k]:
                     continue
-                magnitude = abs(errors[b, k])
-                if not np.isfinite(magnitude):
-                    finite = False
-                count[b] += 1
-                largest[b] = max(largest[b], np.float64(magnitude))
-                total[b] += np.float64(magnitude)
+                magnitude = np.float64(abs(errors[b, k]))
+                finite &= np.isfinite(magnitude)
+                counted += 1
+                most = max(most, magnitude)
+                added += magnitude
+            count[b], largest[b], total[b] = counted, most, added
         return count, largest, total, finite
 
     return {
