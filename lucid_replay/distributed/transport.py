@@ -82,7 +82,8 @@ def merge(
             for piece, rows in zip(pieces, destinations, strict=True):
                 out[torch.from_numpy(rows)] = torch.as_tensor(piece[key])
         else:
-            out = torch.empty(shape, dtype=torch.from_numpy(first[:0]).dtype, pin_memory=pin)
+            dtype = torch.from_numpy(np.empty(0, dtype=first.dtype)).dtype
+            out = torch.empty(shape, dtype=dtype, pin_memory=pin)
             view = out.numpy()
             for piece, rows in zip(pieces, destinations, strict=True):
                 view[rows] = piece[key]
