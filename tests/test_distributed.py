@@ -9,6 +9,9 @@ against the law of a replay that picks a shard per batch (Reverb, RLlib Ape-X).
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -386,3 +389,17 @@ def test_a_local_client_refuses_to_pickle_and_a_closed_one_to_work():
     replay.close()
     with pytest.raises(InvalidArgumentError, match="closed"):
         replay.add(make_episode(3))
+
+
+def test_the_scaling_out_guide_runs_and_prints_what_it_states():
+    """docs/guides/scaling-out.md: its python blocks run in order and print what they say."""
+    from test_guides import BLOCK, GUIDES, _expected_output
+
+    namespace: dict[str, object] = {"__name__": "guide_scaling_out"}
+    blocks = BLOCK.findall((GUIDES / "scaling-out.md").read_text(encoding="utf-8"))
+    assert len(blocks) >= 3
+    for number, block in enumerate(blocks):
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(block, f"scaling-out.md, block {number}", "exec"), namespace)
+        assert printed.getvalue().splitlines() == _expected_output(block), f"block {number}"

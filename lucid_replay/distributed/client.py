@@ -42,36 +42,6 @@ class ShardedReplay:
     The client offers the single buffer's methods; its batches are the core's `Batch`,
     `PrioritizedBatch` and `WindowBatch`, with *global* episode ids.
 
-    Parameters
-    ----------
-    num_shards
-        Number of shards, 1 to 256.
-    capacity
-        Transitions all shards hold together (each holds ``capacity // num_shards``).
-    alpha, beta, epsilon, unit, max_times_sampled
-        As `PrioritizedSequenceReplay`; the reuse limit is enforced over every shard.
-    seed
-        Makes draws reproducible (``backend="local"``, or Ray without concurrent callers).
-        With one shard, draws equal a `PrioritizedSequenceReplay` seeded alike, draw for draw.
-    rate_limiter
-        `SampleToInsertRatio`, `MinSize` or ``None``: inserts are counted in transitions,
-        samples in chunks or windows; both sides wait, up to their call's ``timeout``.
-    backend
-        ``"ray"`` (shard actors; calls `ray.init` if Ray is not running) or ``"local"``.
-    checkpoint_dir
-        Where shards write their checkpoints and where a restarted shard reloads its own.
-    checkpoint_every
-        Each shard checkpoints itself after every ``checkpoint_every`` episodes it stored
-        (``None``: only when `save` writes into ``checkpoint_dir``).
-
-    Raises
-    ------
-    InvalidArgumentError
-        For a value out of range (``capacity < num_shards``, an unknown ``unit`` or
-        ``backend``, ``checkpoint_every`` without ``checkpoint_dir``, ...).
-    TypeError
-        For a ``rate_limiter`` of another type, or a non-integer count.
-
     Notes
     -----
     A draw reads every shard's total mass $Z_k$, labels the batch positions with shards
@@ -136,7 +106,42 @@ class ShardedReplay:
     ) -> ShardedReplay:
         """Start ``num_shards`` shards of ``capacity // num_shards`` transitions each.
 
-        See the class for the parameters. Every argument is checked before any shard starts.
+        Every argument is checked before any shard starts.
+
+        Parameters
+        ----------
+        num_shards
+            Number of shards, 1 to 256.
+        capacity
+            Transitions all shards hold together (each holds ``capacity // num_shards``).
+        alpha, beta, epsilon, unit, max_times_sampled
+            As `PrioritizedSequenceReplay`; the reuse limit is enforced over every shard.
+        seed
+            Makes draws reproducible (``backend="local"``, or Ray without concurrent callers).
+            With one shard, draws equal a `PrioritizedSequenceReplay` seeded alike, draw for draw.
+        rate_limiter
+            `SampleToInsertRatio`, `MinSize` or ``None``: inserts are counted in transitions,
+            samples in chunks or windows; both sides wait, up to their call's ``timeout``.
+        backend
+            ``"ray"`` (shard actors; calls `ray.init` if Ray is not running) or ``"local"``.
+        checkpoint_dir
+            Where shards write their checkpoints and where a restarted shard reloads its own.
+        checkpoint_every
+            Each shard checkpoints itself after every ``checkpoint_every`` episodes it stored
+            (``None``: only when `save` writes into ``checkpoint_dir``).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a value out of range (``capacity < num_shards``, an unknown ``unit`` or
+            ``backend``, ``checkpoint_every`` without ``checkpoint_dir``, ...).
+        TypeError
+            For a ``rate_limiter`` of another type, or a non-integer count.
+
+        Returns
+        -------
+        ShardedReplay
+            The client (the learner's; pickle it to add from other processes).
         """
         arguments = dict(locals())
         del arguments["cls"]
