@@ -60,7 +60,8 @@ class ShardedReplay:
     >>> import torch
     >>> from lucid_replay import Episode, Window
     >>> replay = ShardedReplay.create(2, 1000, seed=0, backend="local")
-    >>> ids = replay.extend(Episode({"obs": torch.arange(10.0)}) for _ in range(3))
+    >>> episodes = [Episode({"obs": torch.arange(10.0)}) for _ in range(3)]
+    >>> ids = replay.extend(episodes)
     >>> [i >> 55 for i in ids]  # round robin over the shards
     [0, 1, 0]
     >>> batch = replay.sample_windows(4, Window(3, burn_in=1))

@@ -106,7 +106,7 @@ class SampleToInsertRatio:
 
     Examples
     --------
-    >>> limiter = SampleToInsertRatio(samples_per_insert=2.0, min_size=100, error_buffer=50)
+    >>> limiter = SampleToInsertRatio(2.0, min_size=100, error_buffer=50)
     >>> limiter.bounds()
     (100, 2.0, 150.0, 250.0)
     """
