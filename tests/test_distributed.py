@@ -403,3 +403,30 @@ def test_the_scaling_out_guide_runs_and_prints_what_it_states():
         with contextlib.redirect_stdout(printed):
             exec(compile(block, f"scaling-out.md, block {number}", "exec"), namespace)
         assert printed.getvalue().splitlines() == _expected_output(block), f"block {number}"
+
+
+def test_write_back_reaches_each_records_shard():
+    """Per-record values land in the stored field of each record's own shard and episode."""
+    replay = _local(2)
+    replay.extend(make_episode(6) for _ in range(4))
+    batch = replay.sample_windows(6, WINDOW)
+    values = torch.stack([batch["obs"][..., 0] * 0 + 7.0, -batch["obs"][..., 1]], dim=-1)
+    written = replay.write_back(batch, "obs", values)
+    assert written == int(batch.validity_mask.sum())
+    again = replay.sample_windows(50, WINDOW)
+    touched = {
+        (i, s)
+        for i, s in zip(
+            batch.record_episode_ids[batch.validity_mask].tolist(),
+            batch.record_steps[batch.validity_mask].tolist(),
+            strict=True,
+        )
+    }
+    first = again["obs"][..., 0][again.validity_mask]
+    pairs = zip(
+        again.record_episode_ids[again.validity_mask].tolist(),
+        again.record_steps[again.validity_mask].tolist(),
+        strict=True,
+    )
+    for value, pair in zip(first.tolist(), pairs, strict=True):
+        assert (value == 7.0) == (pair in touched)

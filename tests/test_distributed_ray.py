@@ -25,6 +25,8 @@ ray = pytest.importorskip("ray", reason='needs Ray: pip install "lucid-replay[di
 pytestmark = pytest.mark.ray
 
 WINDOW = Window(4, burn_in=2, bootstrap=1)
+TESTS = Path(__file__).resolve().parent
+EXAMPLES = TESTS.parent / "examples"
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,8 @@ def cluster():
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # every server binds to 127.0.0.1
         RAY_AUTH_MODE="disabled",  # no token written to ~/.ray
         RAY_USAGE_STATS_ENABLED="0",
-        # Workers import this module (remote functions) and conftest by name.
-        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        # Workers import this module, conftest and the examples' modules by name.
+        PYTHONPATH=os.pathsep.join([str(TESTS), str(EXAMPLES), os.environ.get("PYTHONPATH", "")]),
     )
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
@@ -162,3 +164,21 @@ def test_a_ray_learner_waits_on_the_rate_limiter(cluster):
     assert replay.sample_windows(4, Window(2), timeout=5).batch_size == 4
     assert replay.stats()["limiter"]["samples"] == 4
     replay.close()
+
+
+def test_the_distributed_r2d2_example_trains_end_to_end(cluster, monkeypatch):
+    """examples/distributed_r2d2.py: a collector actor, a shard and the learner run a few
+    hundred steps under the rate limiter and leave a trained network (a smoke run)."""
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("matplotlib")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    example = __import__("distributed_r2d2")
+    args = example.Args(
+        total_steps=400, num_envs=2, num_collectors=1, num_shards=1, batch_size=8,
+        learning_starts=80, hidden=16, capacity=5_000, eval_interval=10**9,
+        check_episodes=1, sync_every=50,
+    )  # fmt: skip
+    result = example.train(args)
+    assert result["updates"] > 0
+    assert result["stats"]["episodes_added"] > 0
+    assert result["stats"]["limiter"]["samples"] >= 8 * result["updates"]  # + in flight

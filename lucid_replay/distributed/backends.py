@@ -6,6 +6,7 @@ for ``backend="ray"``.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import lucid_replay.distributed.checkpoints as checkpoints
@@ -39,23 +40,29 @@ def check_backend(backend: object) -> str:
     return str(backend)
 
 
-def make_control(backend: str, *args: Any) -> Any:
-    """A `Control` for ``backend`` (a handle either way)."""
+def make_control(backend: str, name: str, *args: Any) -> Any:
+    """A `Control` for ``backend`` (a handle either way); a Ray actor is named ``name``."""
     if backend == "local":
         return LocalHandle(Control(*args))
     import ray
 
-    return ray.remote(Control).options(max_concurrency=64, num_cpus=0).remote(*args)
+    options = {"max_concurrency": 64, "num_cpus": 0, "name": name}
+    return ray.remote(Control).options(**options).remote(*args)
 
 
-def make_shard(backend: str, *args: Any, **kwargs: Any) -> Any:
-    """A `ReplayShard` for ``backend`` (a handle either way)."""
+def make_shard(backend: str, index: int, shard: dict[str, Any], control: Any, **kw: Any) -> Any:
+    """A `ReplayShard` for ``backend`` (a handle either way).
+
+    A Ray shard gets the name of its control, which it looks up: an actor handle among the
+    constructor arguments of a restartable actor would live in the object store, which Ray
+    warns against (the arguments must outlive every restart).
+    """
     if backend == "local":
-        return LocalHandle(ReplayShard(*args, restarted=False, **kwargs))
+        return LocalHandle(ReplayShard(index, shard, control, restarted=False, **kw))
     import ray
 
     actor = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)(ReplayShard)
-    return actor.remote(*args, **kwargs)
+    return actor.remote(index, shard, control, **kw)
 
 
 def start(
@@ -64,14 +71,16 @@ def start(
     """The shards and control of ``config`` (restored from ``directory`` if given)."""
     backend = check_backend(config["backend"])
     limiter = settings.limiter_from(config["rate_limiter"])
-    control = make_control(backend, config["num_shards"], limiter)
+    name = f"lucid_replay-control-{uuid.uuid4().hex}"
+    control = make_control(backend, name, config["num_shards"], limiter)
     if saved is not None:
         get(control.restore.remote(saved["control"]))
+    reference = control if backend == "local" else name
     shards = []
     for k in range(config["num_shards"]):
         restore = None if directory is None else str(checkpoints.shard_path(directory, k))
         shard = settings.shard_settings(config, k)
-        shards.append(make_shard(backend, k, shard, control, restore_path=restore))
+        shards.append(make_shard(backend, k, shard, reference, restore_path=restore))
     get([s.issued.remote() for s in shards])  # every shard is up
     return shards, control
 

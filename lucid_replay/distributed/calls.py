@@ -79,3 +79,10 @@ def restarted_actor() -> bool:
 def process_id() -> int:
     """The id of the calling process (what a shard reports, so tests see where it runs)."""
     return os.getpid()
+
+
+def named_actor(name: str) -> Any:
+    """The Ray actor named ``name``."""
+    import ray
+
+    return ray.get_actor(name)

@@ -349,6 +349,15 @@ class ShardedReplay:
         self._check_open()
         return routing.from_batch(self, batch, errors, eta=eta, mask=mask)
 
+    def write_back(self, batch: Batch | WindowBatch, name: str, values: torch.Tensor) -> int:
+        """Write per-record ``values`` ``[B, W, ...]`` into stored field ``name``, per shard.
+
+        As `SequenceReplay.write_back` (refreshed recurrent states): records of episodes
+        evicted or lost since the draw are skipped. Returns how many records were written.
+        """
+        self._check_open()
+        return routing.write_back(self, batch, name, values)
+
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
         """``beta = beta0 + fraction * (final - beta0)`` on the client and every shard."""
         fraction = check_float("fraction", fraction, minimum=0.0, maximum=1.0)

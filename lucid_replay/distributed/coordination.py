@@ -36,7 +36,9 @@ def begin(
             infos = calls.get([s.info.remote(window, prioritized) for s in shards])
             draw.check(infos, spec, replay.max_times_sampled)
             masses = [info["log_mass"] for info in infos]
-            return draw.start(shards, replay._rng, spec, masses)
+            pending = draw.start(shards, replay._rng, spec, masses)
+            pending.exponent = replay.alpha * replay.beta  # weights as of the start
+            return pending
     except BaseException:
         release(replay, samples=spec.batch_size)
         if optional:
@@ -49,10 +51,9 @@ def complete(replay: Any, pending: draw.Pending, target: torch.device) -> Batch 
     with replay._lock:
         limit = replay.max_times_sampled
         draw.finish(replay._shards, replay._rng, pending, calls.get, limit)
-        exponent = replay.alpha * replay.beta
     spec = pending.spec
     tensors = transport.merge(pending.pieces, pending.destinations, spec.batch_size, target)
-    weights = draw.weights(pending, exponent) if spec.prioritized else None
+    weights = draw.weights(pending, pending.exponent) if spec.prioritized else None
     return transport.build(tensors, weights, target, chunks=spec.chunks)
 
 

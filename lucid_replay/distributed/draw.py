@@ -62,6 +62,7 @@ class Pending:
     destinations: list[np.ndarray] = attrs.Factory(list)
     priorities: list[np.ndarray] = attrs.Factory(list)
     filled: int = 0
+    exponent: float = 1.0  # alpha * beta when the draw started (its weights' exponent)
 
 
 def chunk_spec(batch_size: int, length: int, prioritized: bool) -> Spec:

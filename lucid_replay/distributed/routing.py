@@ -17,7 +17,7 @@ import torch
 import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.settings as settings
-from lucid_replay.batch import WindowBatch
+from lucid_replay.batch import WindowBatch, record_positions
 from lucid_replay.checks import as_tensor, as_vector, check_float
 from lucid_replay.errors import must, wrong_kind
 from lucid_replay.priorities import window_priorities
@@ -35,20 +35,21 @@ def update(replay: Any, indices: Any, errors: Any) -> int:
     if id_values.shape != values.shape:
         raise must("errors", f"as long as indices ({id_values.size})", values.size)
     settings.check_errors(values, replay.epsilon)
-    shard_of = check_issued(replay, id_values)
-    shards = replay._shards
-    futures = [
-        shards[k].update.remote(id_values[shard_of == k], values[shard_of == k])
-        for k in np.unique(shard_of).tolist()
-    ]
-    replies = calls.get(futures)
-    applied = sum(reply[0] for reply in replies)
-    replay._skipped += sum(reply[2] for reply in replies)
-    largest = max((reply[1] for reply in replies if reply[1] is not None), default=None)
-    if largest is not None and largest > replay._global_max:
-        # Every shard's new episodes start at the global maximum once this call returns.
-        replay._global_max = largest
-        calls.get([shard.raise_max_priority.remote(largest) for shard in shards])
+    with replay._lock:  # one update at a time: marks, counters and the maximum
+        shard_of = check_issued(replay, id_values)
+        shards = replay._shards
+        futures = [
+            shards[k].update.remote(id_values[shard_of == k], values[shard_of == k])
+            for k in np.unique(shard_of).tolist()
+        ]
+        replies = calls.get(futures)
+        applied = sum(reply[0] for reply in replies)
+        replay._skipped += sum(reply[2] for reply in replies)
+        largest = max((reply[1] for reply in replies if reply[1] is not None), default=None)
+        if largest is not None and largest > replay._global_max:
+            # Every shard's new episodes start at the global maximum once this call returns.
+            replay._global_max = largest
+            calls.get([shard.raise_max_priority.remote(largest) for shard in shards])
     return int(applied)
 
 
@@ -107,3 +108,18 @@ def from_batch(replay: Any, batch: Any, errors: Any, *, eta: float, mask: Any) -
         mask=mask,
     )
     return update(replay, torch.as_tensor(episode_ids).cpu(), torch.as_tensor(mixed).cpu())
+
+
+def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:
+    """`ShardedReplay.write_back`: each shard writes the records of its own episodes."""
+    episode_ids, steps, mask = (t.cpu().numpy() for t in record_positions(batch))
+    if not isinstance(values, torch.Tensor):
+        raise wrong_kind("values", "a tensor", type(values).__name__)
+    host = values.detach().cpu().numpy()
+    shard = ids.decode(episode_ids)[0]
+    futures = [
+        replay._shards[k].write_back.remote(name, episode_ids, steps, mask & (shard == k), host)
+        for k in np.unique(shard[mask]).tolist()
+        if 0 <= k < replay.num_shards
+    ]
+    return int(sum(calls.get(futures)))

@@ -42,7 +42,7 @@ class ReplayShard:
         ``capacity`` (of this shard), ``alpha``, ``beta``, ``epsilon``, ``unit``, ``seed``,
         ``max_times_sampled``, ``checkpoint_dir`` and ``checkpoint_every``.
     control
-        Handle of the replay's `Control`.
+        Handle of the replay's `Control`, or the name of its Ray actor.
     restore_path
         A shard file to start from (`ShardedReplay.load`).
     restarted
@@ -59,6 +59,8 @@ class ReplayShard:
         restarted: bool | None = None,
     ) -> None:
         self.index = index
+        if isinstance(control, str):  # a Ray shard finds its control by name
+            control = calls.named_actor(control)
         self.control = control
         self.settings = settings
         self.buffer = PrioritizedSequenceReplay(
@@ -180,6 +182,30 @@ class ReplayShard:
             stored = live & table.is_stored(torch.from_numpy(local)).numpy()
             applied, largest = self.hooks.update(local[live], errors[live])
         return applied, largest, int((~stored).sum())
+
+    def write_back(
+        self,
+        name: str,
+        global_ids: np.ndarray,
+        steps: np.ndarray,
+        mask: np.ndarray,
+        values: np.ndarray,
+    ) -> int:
+        """`SequenceReplay.write_back` of the records of this shard's live episodes."""
+        shard, incarnation, local = ids.decode(global_ids)
+        next_id = self.buffer.episode_ids.stop
+        live = (
+            mask & (shard == self.index) & ids.issued_by(incarnation, local, self.starts, next_id)
+        )
+        values = np.require(values, requirements="W")  # Ray hands over read-only arrays
+        with self.buffer._lock:
+            return self.buffer._core.store.write_records(
+                name,
+                torch.from_numpy(np.where(live, local, 0)),
+                torch.from_numpy(np.asarray(steps, dtype=np.int64)),
+                torch.from_numpy(live),
+                torch.from_numpy(values),
+            )
 
     def raise_max_priority(self, priority: float) -> None:
         """`ShardHooks.raise_max_priority`."""
