@@ -13,6 +13,7 @@ differ from those of the episodes lost with the previous incarnation.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -239,9 +240,9 @@ class ReplayShard:
         """Write this shard's file into ``directory`` (atomically)."""
         meta = {"index": self.index, "incarnation": self.incarnation, "starts": self.starts}
         checkpoints.save_shard(self.buffer, checkpoints.shard_path(directory, self.index), meta)
+        if os.path.abspath(directory) == self.settings["checkpoint_dir"]:
+            self.adds_since_checkpoint = 0  # what a restart reloads is this file now
 
     def checkpoint(self) -> None:
         """Write this shard's file into its ``checkpoint_dir`` (what a restart reloads)."""
-        if self.settings["checkpoint_dir"] is not None:
-            self.save(self.settings["checkpoint_dir"])
-        self.adds_since_checkpoint = 0
+        self.save(self.settings["checkpoint_dir"])
