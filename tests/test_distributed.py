@@ -302,6 +302,7 @@ def test_every_shard_keeps_the_schema_the_first_episode_fixed():
     with pytest.raises(TypeError, match="obs"):
         replay.add(odd)  # would be the first episode of shard 1
     assert replay.stats()["episodes_added"] == 1
+    assert replay.add(make_episode(4)) >> 55 == 1  # the refused call routed nothing
 
 
 # ---------------------------------------------------------------------- persistence
@@ -430,3 +431,26 @@ def test_write_back_reaches_each_records_shard():
     )
     for value, pair in zip(first.tolist(), pairs, strict=True):
         assert (value == 7.0) == (pair in touched)
+
+
+@pytest.mark.statistical
+def test_the_reuse_limit_across_shards_draws_as_sequential_draws_without_replacement():
+    """max_times_sampled=1, B=2 over 3 episodes on 2 shards: ordered pairs (a, b) come with
+    probability m_a / Z * m_b / (Z - m_a), the single buffer's sequential law."""
+    masses = np.array([1.0, 2.0 * 2, 4.0 * 3])  # p^alpha (alpha 1) times anchors (1, 2, 3)
+    pairs = [(a, b) for a in range(3) for b in range(3) if a != b]
+    law = np.array([masses[a] / masses.sum() * masses[b] / (masses.sum() - masses[a])
+                    for a, b in pairs])  # fmt: skip
+    counts = dict.fromkeys(pairs, 0)
+    for trial in range(2_000):
+        replay = ShardedReplay.create(
+            2, 200, alpha=1.0, epsilon=EPSILON, seed=trial, backend="local", max_times_sampled=1
+        )
+        issued = replay.extend(make_episode(n) for n in (3, 4, 5))  # shards 0, 1, 0
+        replay.update_priorities(issued, [1.0, 2.0, 4.0])
+        drawn = replay.sample_windows(2, Window(3)).episode_ids.tolist()
+        counts[(issued.index(drawn[0]), issued.index(drawn[1]))] += 1
+    observed = np.array([counts[pair] for pair in pairs])
+    assert scipy.stats.chisquare(observed, observed.sum() * law).pvalue > ACCEPT
+    iid = np.array([masses[a] * masses[b] for a, b in pairs])  # ignoring the exhaustion
+    assert scipy.stats.chisquare(observed, observed.sum() * iid / iid.sum()).pvalue < REJECT

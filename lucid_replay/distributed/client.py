@@ -17,7 +17,6 @@ import lucid_replay.distributed.coordination as coordination
 import lucid_replay.distributed.draw as draw
 import lucid_replay.distributed.routing as routing
 import lucid_replay.distributed.settings as settings
-import lucid_replay.distributed.transport as transport
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.checks import check_device, check_float, check_int
 from lucid_replay.distributed.control import summary
@@ -217,34 +216,8 @@ class ShardedReplay:
 
     def extend(self, episodes: Iterable[Episode], *, timeout: float | None = None) -> list[int]:
         """Add several episodes, one call per shard in parallel; all are checked first."""
-        episodes = list(episodes)
-        timeout = settings.checked_timeout(timeout)
         self._check_open()
-        if self._schema is None and episodes:
-            known = calls.get(self._control.schema.remote())
-            self._schema = None if known is None else Schema.from_state(known)
-        settings.check_episodes(episodes, self._schema, self._config["shard_capacity"])
-        if not episodes:
-            return []
-        transitions = sum(len(e) for e in episodes)
-        coordination.acquire(self, transitions, inserting=True, timeout=timeout)
-        try:
-            with self._lock:
-                first = self._cursor
-                self._cursor += len(episodes)
-            targets = (first + np.arange(len(episodes))) % self.num_shards
-            futures = {}
-            for k in np.unique(targets).tolist():
-                packed = [transport.pack_episode(episodes[i]) for i in np.flatnonzero(targets == k)]
-                futures[k] = self._shards[k].add.remote(packed)
-            replies = dict(zip(futures, calls.get(list(futures.values())), strict=True))
-        except BaseException:
-            coordination.release(self, inserts=transitions)
-            raise
-        result = np.empty(len(episodes), dtype=np.int64)
-        for k, global_ids in replies.items():
-            result[targets == k] = global_ids
-        return [int(i) for i in result]
+        return routing.add(self, list(episodes), settings.checked_timeout(timeout))
 
     # ------------------------------------------------------------------------- sampling
     def sample(

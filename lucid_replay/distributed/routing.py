@@ -1,4 +1,8 @@
-"""Priority updates of a sharded replay: checked whole, routed by id, the maximum kept global.
+"""Routing of a sharded replay: adds round robin, priority updates and write-backs by id.
+
+Adds go to the shards in turn, one call per shard per `extend`, after the limiter admitted
+their transitions (given back if a shard refuses them). Priority updates are checked whole,
+routed by id, and the maximum priority is kept global.
 
 An update is refused, on every shard, if any id is one no shard issued: negative, of a shard
 the replay does not have, of an incarnation that has not started, or beyond what its
@@ -15,12 +19,15 @@ import numpy as np
 import torch
 
 import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.coordination as coordination
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.settings as settings
+import lucid_replay.distributed.transport as transport
 from lucid_replay.batch import WindowBatch, record_positions
 from lucid_replay.checks import as_tensor, as_vector, check_float
 from lucid_replay.errors import must, wrong_kind
 from lucid_replay.priorities import window_priorities
+from lucid_replay.schema import Schema
 
 __all__: list[str] = []  # internal module
 
@@ -123,3 +130,33 @@ def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:
         if 0 <= k < replay.num_shards
     ]
     return int(sum(calls.get(futures)))
+
+
+def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
+    """`ShardedReplay.extend`: every episode checked, then one call per shard in parallel."""
+    if replay._schema is None and episodes:
+        known = calls.get(replay._control.schema.remote())
+        replay._schema = None if known is None else Schema.from_state(known)
+    settings.check_episodes(episodes, replay._schema, replay.shard_capacity)
+    if not episodes:
+        return []
+    transitions = sum(len(e) for e in episodes)
+    coordination.acquire(replay, transitions, inserting=True, timeout=timeout)
+    targets = (replay._cursor + np.arange(len(episodes))) % replay.num_shards
+    try:
+        futures = {
+            k: replay._shards[k].add.remote(
+                [transport.pack_episode(episodes[i]) for i in np.flatnonzero(targets == k)]
+            )
+            for k in np.unique(targets).tolist()
+        }
+        replies = dict(zip(futures, calls.get(list(futures.values())), strict=True))
+    except BaseException:
+        coordination.release(replay, inserts=transitions)
+        raise
+    with replay._lock:
+        replay._cursor += len(episodes)  # only once stored: a refused call routes nothing
+    result = np.empty(len(episodes), dtype=np.int64)
+    for k, global_ids in replies.items():
+        result[targets == k] = global_ids
+    return [int(i) for i in result]
