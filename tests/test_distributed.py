@@ -454,3 +454,13 @@ def test_the_reuse_limit_across_shards_draws_as_sequential_draws_without_replace
     assert scipy.stats.chisquare(observed, observed.sum() * law).pvalue > ACCEPT
     iid = np.array([masses[a] * masses[b] for a, b in pairs])  # ignoring the exhaustion
     assert scipy.stats.chisquare(observed, observed.sum() * iid / iid.sum()).pvalue < REJECT
+
+
+def test_a_restart_never_reloads_another_replays_file(tmp_path):
+    """A new replay checkpoints its shards at once: an old file in checkpoint_dir is replaced."""
+    old = _local(1, checkpoint_dir=tmp_path, checkpoint_every=1)
+    old.extend(make_episode(4) for _ in range(3))
+    new = _local(1, checkpoint_dir=tmp_path, checkpoint_every=5)
+    settings, control = new._shards[0].target.settings, new._control
+    new._shards[0] = LocalHandle(ReplayShard(0, settings, control, restarted=True))
+    assert new.stats()["episodes_stored"] == 0

@@ -29,6 +29,15 @@ __all__: list[str] = []  # internal module
 MANIFEST = "manifest.json"
 FORMAT = "lucid_replay.sharded"
 VERSION = 1
+_ENTRIES = (
+    "config",
+    "control",
+    "rng",
+    "beta",
+    "cursor",
+    "max_priority",
+    "priority_updates_skipped",
+)
 
 
 def shard_path(directory: str | os.PathLike[str], index: int) -> Path:
@@ -106,6 +115,9 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         )
     if manifest.get("checksum") != _digest(manifest):
         raise CheckpointError("manifest checksum must match its contents, got a mismatch")
+    missing = sorted(set(_ENTRIES) - set(manifest))
+    if missing:
+        raise CheckpointError(f"manifest must hold {sorted(_ENTRIES)}, got none for {missing}")
     for index in range(int(manifest["config"]["num_shards"])):
         if not shard_path(directory, index).exists():
             raise CheckpointError(

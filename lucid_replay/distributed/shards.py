@@ -86,6 +86,10 @@ class ReplayShard:
             control.join.remote(index, restarted, self._counters())
         )
         self.adds_since_checkpoint = 0
+        if own is not None and not restarted:
+            # A first checkpoint, so that a restart never reloads another replay's file
+            # left in the same directory.
+            self.checkpoint()
 
     # ------------------------------------------------------------------------ helpers
     def _checkpoint_path(self) -> Path | None:
