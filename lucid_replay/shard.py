@@ -27,6 +27,7 @@ from lucid_replay.checks import as_vector
 from lucid_replay.errors import must
 from lucid_replay.gather import chunk_batch, new_batch
 from lucid_replay.prioritized import PrioritizedSequenceReplay
+from lucid_replay.sampling import Anchors, _occurrence_rank
 from lucid_replay.window import Window
 
 __all__: list[str] = []  # internal module
@@ -65,17 +66,31 @@ class ShardHooks:
         prioritized draw) and how many draws the reuse limit refused. The caller makes sure
         the mass is positive (`log_mass`).
         """
+        batch, priorities, kept = self.draw_kept(
+            count, window, prioritized=prioritized, chunks=chunks, device=device
+        )
+        return batch, priorities, count - int(kept.sum())
+
+    def draw_kept(
+        self,
+        count: int,
+        window: Window,
+        *,
+        prioritized: bool,
+        chunks: bool = False,
+        device: torch.device | str | None = None,
+    ) -> tuple[Batch | WindowBatch, torch.Tensor | None, torch.Tensor]:
+        """As `draw_round`, with which of the ``count`` draws were kept (bool ``[count]``).
+
+        A coordinator of several shards puts each shard's kept draws back at the batch
+        positions it labelled with that shard, in draw order: the kept mask says which.
+        """
         buffer = self.buffer
         target = buffer._batch_device(device)
         with buffer._lock:
             core = buffer._core
-            anchors, refused = core.sampler.draw_round(
-                count,
-                window.anchor_span,
-                alpha=core.alpha(prioritized),
-                generator=core.generator,
-            )
-            core.chunks_sampled += count - refused
+            anchors, kept = self._round(count, window.anchor_span, core.alpha(prioritized))
+            core.chunks_sampled += anchors.steps.numel()
             store = core.store
             if chunks:
                 assert store.schema is not None  # a positive mass means stored episodes
@@ -88,7 +103,26 @@ class ShardHooks:
                 batch = core.assemble(anchors, window, target)
             store.reclaim_retired()
         priorities = None if anchors.priorities is None else arrays.tensor(anchors.priorities)
-        return batch, priorities, refused
+        return batch, priorities, kept
+
+    def _round(self, count: int, span: int, alpha: float | None) -> tuple[Anchors, torch.Tensor]:
+        """The sampler's `draw_round`, also returning the kept mask (lock held)."""
+        core = self.buffer._core
+        sampler = core.sampler
+        if sampler.reuse_limit is None:
+            anchors, _ = sampler.draw_round(count, span, alpha=alpha, generator=core.generator)
+            return anchors, torch.ones(count, dtype=torch.bool)
+        # The same steps as `AnchorSampler.draw_round`, keeping the mask it computes
+        # (tests/test_shard.py checks both agree draw for draw).
+        tree = sampler.tree(span, alpha)
+        rows, steps = sampler._draw_rows(tree, count, span, core.generator)
+        rows, steps = arrays.tensor(rows), arrays.tensor(steps)
+        allowance = sampler.reuse_limit - sampler.table.times_sampled[rows]
+        keep = _occurrence_rank(rows) < allowance
+        rows, steps = rows[keep], steps[keep]
+        sampler._count_draws_within_limit(rows)
+        anchors = sampler._anchors(arrays.engine(rows), arrays.engine(steps), alpha)
+        return anchors, keep.cpu()
 
     def update(self, ids: Any, errors: Any) -> tuple[int, float | None]:
         """`update_priorities` of ids this shard issued; also the largest priority applied.

@@ -128,3 +128,66 @@ def test_exported_errors_derive_from_the_package_base_and_a_builtin(name):
     assert issubclass(error, lucid_replay.LucidReplayError)
     if error is not lucid_replay.LucidReplayError:
         assert issubclass(error, ValueError | TypeError | KeyError), inspect.getmro(error)
+
+
+# ------------------------------------------------------------- lucid_replay.distributed
+# Its names are exported from lucid_replay.distributed (not from lucid_replay, which must not
+# import it: the core never imports Ray) and documented as `::: lucid_replay.distributed.<Name>`.
+DISTRIBUTED_DIRECTIVE = re.compile(r"^:::\s+lucid_replay\.distributed\.([A-Za-z_]\w*)\s*$", re.M)
+
+
+def _distributed():
+    return importlib.import_module("lucid_replay.distributed")
+
+
+def _distributed_documented():
+    names = {}
+    for page in sorted(REFERENCE.glob("*.md")):
+        for name in DISTRIBUTED_DIRECTIVE.findall(page.read_text(encoding="utf-8")):
+            names.setdefault(name, []).append(page.name)
+    return names
+
+
+def test_distributed_all_is_sorted_documented_and_on_a_reference_page():
+    """lucid_replay.distributed.__all__ is sorted; each name is defined in the package, has a
+    docstring (its public methods too), and is on a reference page, or is a lucid_replay
+    name re-exported as it is."""
+    distributed = _distributed()
+    assert distributed.__all__ == sorted(set(distributed.__all__))
+    documented = _distributed_documented()
+    for name in distributed.__all__:
+        obj = getattr(distributed, name)
+        assert obj.__module__.startswith("lucid_replay."), obj
+        assert _own_doc(obj), f"{name} has no docstring of its own"
+        if getattr(lucid_replay, name, None) is obj:
+            continue  # documented with the core (RateLimiterTimeout)
+        assert documented.get(name) is not None, f"{name} is on no reference page"
+        undocumented = [q for q, f in _public_members(obj) if not (f.__doc__ or "").strip()]
+        assert not undocumented, f"undocumented: {undocumented}"
+    assert set(documented) <= set(distributed.__all__)
+    assert {n: p for n, p in documented.items() if len(p) > 1} == {}
+
+
+def test_distributed_submodules_declare_all_and_export_only_the_packages_names():
+    """Every lucid_replay.distributed submodule declares __all__ within the package's."""
+    distributed = _distributed()
+    for info in pkgutil.iter_modules(distributed.__path__):
+        module = importlib.import_module(f"lucid_replay.distributed.{info.name}")
+        assert hasattr(module, "__all__"), info.name
+        assert set(module.__all__) <= set(distributed.__all__), info.name
+
+
+def test_the_core_imports_neither_ray_nor_the_distributed_package():
+    """`import lucid_replay` (and `import lucid_replay.distributed`) never imports Ray."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, lucid_replay; a = 'ray' in sys.modules; "
+        "b = 'lucid_replay.distributed' in sys.modules; "
+        "import lucid_replay.distributed; print(a, b, 'ray' in sys.modules)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert completed.stdout.split() == ["False", "False", "False"]

@@ -138,3 +138,20 @@ def test_hooks_need_a_prioritized_buffer():
     """The hooks wrap a `PrioritizedSequenceReplay` only."""
     with pytest.raises(TypeError, match="PrioritizedSequenceReplay"):
         ShardHooks(object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("reuse_limit", [None, 2])
+def test_draw_kept_is_draw_round_with_the_kept_mask(reuse_limit):
+    """`draw_kept` draws what `draw_round` draws and marks which of the count it kept."""
+    buffer, twin = _twins(max_times_sampled=reuse_limit)
+    batch, priorities, kept = ShardHooks(buffer).draw_kept(12, WINDOW, prioritized=True)
+    expected, expected_priorities, refused = ShardHooks(twin).draw_round(
+        12, WINDOW, prioritized=True
+    )
+    assert torch.equal(batch.episode_ids, expected.episode_ids)
+    assert torch.equal(priorities, expected_priorities)
+    assert kept.dtype == torch.bool and kept.shape == (12,)
+    assert int((~kept).sum()) == refused == (0 if reuse_limit is None else refused)
+    assert buffer.stats() == twin.stats()
+    if reuse_limit is not None:
+        assert refused > 0  # 12 draws of 5 episodes, at most 2 each: some refused

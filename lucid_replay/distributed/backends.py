@@ -1,0 +1,104 @@
+"""Backends: the same shard and control objects, in-process or as Ray actors.
+
+Callers speak Ray's dialect to both (`lucid_replay.distributed.calls`). Ray is imported only
+for ``backend="ray"``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import lucid_replay.distributed.checkpoints as checkpoints
+import lucid_replay.distributed.settings as settings
+from lucid_replay.distributed.calls import BACKENDS, LocalHandle, get
+from lucid_replay.distributed.control import Control
+from lucid_replay.distributed.shards import ReplayShard
+from lucid_replay.errors import must
+
+__all__: list[str] = []  # internal module
+
+# Ray re-runs a dead shard's constructor (which reloads its checkpoint) without limit; a call
+# in flight when it died raises to its caller (at most once: adds are never applied twice).
+# The control is threaded, so that a call waiting on the rate limiter blocks no other call.
+
+
+def check_backend(backend: object) -> str:
+    """Refuse an unknown ``backend``; for ``"ray"``, refuse when Ray is not usable."""
+    if backend not in BACKENDS:
+        raise must("backend", f"one of {BACKENDS}", backend)
+    if backend == "ray":
+        try:
+            import ray
+        except ImportError:
+            raise ImportError(
+                'backend="ray" needs Ray: pip install "lucid-replay[distributed]"'
+            ) from None
+        if not ray.is_initialized():
+            # A single-node default; call ray.init yourself to join a cluster.
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return str(backend)
+
+
+def make_control(backend: str, name: str, *args: Any) -> Any:
+    """A `Control` for ``backend`` (a handle either way); a Ray actor is named ``name``."""
+    if backend == "local":
+        return LocalHandle(Control(*args))
+    import ray
+
+    options = {"max_concurrency": 64, "num_cpus": 0, "name": name}
+    return ray.remote(Control).options(**options).remote(*args)
+
+
+def make_shard(backend: str, index: int, shard: dict[str, Any], control: Any, **kw: Any) -> Any:
+    """A `ReplayShard` for ``backend`` (a handle either way).
+
+    A Ray shard gets the name of its control, which it looks up: an actor handle among the
+    constructor arguments of a restartable actor would live in the object store, which Ray
+    warns against (the arguments must outlive every restart).
+    """
+    if backend == "local":
+        return LocalHandle(ReplayShard(index, shard, control, restarted=False, **kw))
+    import ray
+
+    actor = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)(ReplayShard)
+    return actor.remote(index, shard, control, **kw)
+
+
+def start(
+    config: dict[str, Any], saved: dict[str, Any] | None, directory: str | None
+) -> tuple[list[Any], Any]:
+    """The shards and control of ``config`` (restored from ``directory`` if given)."""
+    backend = check_backend(config["backend"])
+    limiter = settings.limiter_from(config["rate_limiter"])
+    name = f"lucid_replay-control-{uuid.uuid4().hex}"
+    control = make_control(backend, name, config["num_shards"], limiter)
+    if saved is not None:
+        get(control.restore.remote(saved["control"]))
+    reference = control if backend == "local" else name
+    shards = []
+    for k in range(config["num_shards"]):
+        restore = None if directory is None else str(checkpoints.shard_path(directory, k))
+        shard = settings.shard_settings(config, k)
+        shards.append(make_shard(backend, k, shard, reference, restore_path=restore))
+    get([s.issued.remote() for s in shards])  # every shard is up
+    return shards, control
+
+
+def pickled(backend: str, state: dict[str, Any]) -> dict[str, Any]:
+    """A client's state to pickle: handles and configuration, not its lock or generator."""
+    if backend == "local":
+        raise TypeError(
+            'a ShardedReplay with backend="local" cannot be pickled: its shards live in '
+            'this process (use backend="ray" to add from other processes)'
+        )
+    return {k: v for k, v in state.items() if k not in ("_lock", "_rng")}
+
+
+def kill(handle: Any) -> None:
+    """End an actor for good (``close``); nothing for an in-process object."""
+    if isinstance(handle, LocalHandle):
+        return
+    import ray
+
+    ray.kill(handle, no_restart=True)

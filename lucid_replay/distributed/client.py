@@ -1,0 +1,392 @@
+"""`ShardedReplay`: one prioritized sequence replay over several shards, in-process or on Ray."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+import lucid_replay.distributed.backends as backends
+import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.checkpoints as checkpoints
+import lucid_replay.distributed.coordination as coordination
+import lucid_replay.distributed.draw as draw
+import lucid_replay.distributed.routing as routing
+import lucid_replay.distributed.settings as settings
+from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
+from lucid_replay.checks import check_device, check_float, check_int
+from lucid_replay.distributed.control import summary
+from lucid_replay.distributed.limiter import RateLimiterConfig
+from lucid_replay.distributed.stream import BatchStream
+from lucid_replay.episode import Episode
+from lucid_replay.errors import must
+from lucid_replay.schema import Schema
+from lucid_replay.window import Window
+
+__all__ = ["ShardedReplay"]
+
+_MAX_PREFETCH = 2**16
+
+
+class ShardedReplay:
+    r"""A prioritized sequence replay split over shards, drawing exactly what one buffer would.
+
+    Build it with `create` (or `load`). Each shard is a `PrioritizedSequenceReplay` of
+    ``capacity // num_shards`` transitions (the remainder is dropped), as a Ray actor
+    (``backend="ray"``) or in this process (``backend="local"``, same code and semantics).
+    The client offers the single buffer's methods; its batches are the core's `Batch`,
+    `PrioritizedBatch` and `WindowBatch`, with *global* episode ids.
+
+    Notes
+    -----
+    A draw reads every shard's total mass $Z_k$, labels the batch positions with shards
+    (shard ``k`` with probability $Z_k / Z$), lets each shard draw its count from its own
+    tree and puts the draws back at their positions: the single buffer's law over all
+    stored episodes, and weights $(\min p / p)^{\alpha\beta}$ normalised over the whole
+    batch (the guide "Scaling out" derives it). Episode ids pack the shard, its
+    incarnation and the shard's own id (`lucid_replay.distributed.ids`), so they never
+    repeat, also across shard restarts.
+
+    A Ray client pickles: tasks and actors on any node `add` through their copy (and
+    `EpisodeWriter` takes it as its buffer). A copy draws its own shard labels.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from lucid_replay import Episode, Window
+    >>> replay = ShardedReplay.create(2, 1000, seed=0, backend="local")
+    >>> episodes = [Episode({"obs": torch.arange(10.0)}) for _ in range(3)]
+    >>> ids = replay.extend(episodes)
+    >>> [i >> 55 for i in ids]  # round robin over the shards
+    [0, 1, 0]
+    >>> batch = replay.sample_windows(4, Window(3, burn_in=1))
+    >>> tuple(batch["obs"].shape), float(batch.weights.max())
+    ((4, 4), 1.0)
+    >>> replay.update_priorities(batch.episode_ids, [1.0, 2.0, 3.0, 4.0]) >= 1
+    True
+    >>> replay.close()
+    """
+
+    def __init__(self, config: dict[str, Any], shards: list[Any], control: Any) -> None:
+        """Use `create` or `load`; the constructor adopts shards already made."""
+        self._config = config
+        self._shards = shards
+        self._control = control
+        self._beta = float(config["beta"])
+        self._rng = np.random.default_rng(settings.coordinator_seed(config["seed"]))
+        self._cursor = 0
+        self._issued: list[tuple[int, int, list[int]] | None] = [None] * len(shards)
+        self._schema: Schema | None = None
+        self._global_max = 1.0
+        self._skipped = 0
+        self._closed = False
+        self._lock = threading.RLock()
+
+    # --------------------------------------------------------------------- construction
+    @classmethod
+    def create(
+        cls,
+        num_shards: int,
+        capacity: int,
+        *,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        epsilon: float = 1e-6,
+        unit: str = "chunk",
+        seed: int | None = None,
+        max_times_sampled: int | None = None,
+        rate_limiter: RateLimiterConfig | None = None,
+        backend: str = "ray",
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int | None = None,
+    ) -> ShardedReplay:
+        """Start ``num_shards`` shards of ``capacity // num_shards`` transitions each.
+
+        Every argument is checked before any shard starts.
+
+        Parameters
+        ----------
+        num_shards
+            Number of shards, 1 to 256.
+        capacity
+            Transitions all shards hold together (each holds ``capacity // num_shards``).
+        alpha, beta, epsilon, unit, max_times_sampled
+            As `PrioritizedSequenceReplay`; the reuse limit is enforced over every shard.
+        seed
+            Makes draws reproducible (``backend="local"``, or Ray without concurrent callers).
+            With one shard, draws equal a `PrioritizedSequenceReplay` seeded alike, draw for draw.
+        rate_limiter
+            `SampleToInsertRatio`, `MinSize` or ``None``: inserts are counted in transitions,
+            samples in chunks or windows; both sides wait, up to their call's ``timeout``.
+        backend
+            ``"ray"`` (shard actors; calls `ray.init` if Ray is not running) or ``"local"``.
+        checkpoint_dir
+            Where shards write their checkpoints and where a restarted shard reloads its own.
+        checkpoint_every
+            Each shard checkpoints itself after every ``checkpoint_every`` episodes it stored
+            (``None``: only when `save` writes into ``checkpoint_dir``).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a value out of range (``capacity < num_shards``, an unknown ``unit`` or
+            ``backend``, ``checkpoint_every`` without ``checkpoint_dir``, ...).
+        TypeError
+            For a ``rate_limiter`` of another type, or a non-integer count.
+
+        Returns
+        -------
+        ShardedReplay
+            The client (the learner's; pickle it to add from other processes).
+        """
+        arguments = dict(locals())
+        del arguments["cls"]
+        config = settings.checked(**arguments)
+        return cls._start(config, None, None)
+
+    @classmethod
+    def _start(
+        cls, config: dict[str, Any], saved: dict[str, Any] | None, directory: str | None
+    ) -> ShardedReplay:
+        shards, control = backends.start(config, saved, directory)
+        return cls(config, shards, control)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> ShardedReplay:
+        """Restart a replay written by `save`, with its backend and configuration.
+
+        Later draws and ids equal those the saved replay would have made.
+
+        Raises
+        ------
+        CheckpointError
+            For a directory without a readable, consistent manifest and shard files.
+        """
+        manifest = checkpoints.read_manifest(directory)
+        replay = cls._start(manifest["config"], manifest, str(directory))
+        checkpoints.adopt(replay, manifest)
+        return replay
+
+    # ----------------------------------------------------------------------- properties
+    num_shards = settings.config_property("num_shards", "Number of shards.")
+    backend = settings.config_property("backend", '``"ray"`` or ``"local"``.')
+    shard_capacity = settings.config_property("shard_capacity", "Transitions per shard.")
+    alpha = settings.config_property("alpha", "Prioritization exponent.")
+    epsilon = settings.config_property("epsilon", "Added to every ``|error|``.")
+    unit = settings.config_property("unit", '``"chunk"`` or ``"episode"``.')
+    max_times_sampled = settings.config_property("max_times_sampled", "The reuse limit.")
+
+    @property
+    def capacity(self) -> int:
+        """Transitions all shards hold together: ``num_shards * shard_capacity``."""
+        return int(self._config["num_shards"] * self._config["shard_capacity"])
+
+    @property
+    def beta(self) -> float:
+        """Current importance-sampling exponent."""
+        return self._beta
+
+    @property
+    def rate_limiter(self) -> RateLimiterConfig | None:
+        """The rate limiter's configuration, or ``None``."""
+        return settings.limiter_from(self._config["rate_limiter"])
+
+    def __len__(self) -> int:
+        return int(self.stats()["transitions_stored"])
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedReplay(num_shards={self.num_shards}, capacity={self.capacity}, "
+            f"unit={self.unit!r}, backend={self.backend!r})"
+        )
+
+    # --------------------------------------------------------------------------- adding
+    def add(self, episode: Episode, *, timeout: float | None = None) -> int:
+        """Store ``episode`` whole on the next shard (round robin); return its global id.
+
+        Waits while the rate limiter holds inserts back (up to ``timeout`` seconds, ``None``
+        for ever). Raises what `SequenceReplay.add` raises, and `RateLimiterTimeout`; a
+        refused call stores nothing and counts nothing.
+        """
+        return self.extend([episode], timeout=timeout)[0]
+
+    def extend(self, episodes: Iterable[Episode], *, timeout: float | None = None) -> list[int]:
+        """Add several episodes, one call per shard in parallel; all are checked first."""
+        self._check_open()
+        return routing.add(self, list(episodes), settings.checked_timeout(timeout))
+
+    # ------------------------------------------------------------------------- sampling
+    def sample(
+        self,
+        batch_size: int,
+        length: int,
+        *,
+        device: torch.device | str | None = None,
+        timeout: float | None = None,
+    ) -> Batch:
+        """Chunks of ``length`` steps drawn uniformly over every shard (as `SequenceReplay`)."""
+        return self._chunks(batch_size, length, device, timeout, prioritized=False)
+
+    def sample_prioritized(
+        self,
+        batch_size: int,
+        length: int,
+        *,
+        device: torch.device | str | None = None,
+        timeout: float | None = None,
+    ) -> PrioritizedBatch:
+        """Chunks drawn by priority over every shard, weights normalised over the batch."""
+        batch = self._chunks(batch_size, length, device, timeout, prioritized=True)
+        assert isinstance(batch, PrioritizedBatch)  # a prioritized draw has weights
+        return batch
+
+    def _chunks(
+        self, batch_size: int, length: int, device: Any, timeout: Any, *, prioritized: bool
+    ) -> Batch:
+        batch = self._draw(draw.chunk_spec(batch_size, length, prioritized), device, timeout)
+        assert isinstance(batch, Batch)
+        return batch
+
+    def sample_windows(
+        self,
+        batch_size: int,
+        window: Window,
+        *,
+        prioritized: bool | None = None,
+        device: torch.device | str | None = None,
+        timeout: float | None = None,
+    ) -> WindowBatch:
+        """Anchors drawn over every shard and expanded into ``window`` (see `Window`).
+
+        ``prioritized=None`` means prioritized. The law and weights are the single buffer's
+        over all stored episodes; `RateLimiterTimeout` after ``timeout`` seconds of waiting.
+        """
+        batch = self._draw(draw.window_spec(batch_size, window, prioritized), device, timeout)
+        assert isinstance(batch, WindowBatch)
+        return batch
+
+    def _draw(self, spec: draw.Spec, device: Any, timeout: Any) -> Batch | WindowBatch:
+        target = check_device("device", "cpu" if device is None else device)
+        return coordination.draw_batch(self, spec, target, settings.checked_timeout(timeout))
+
+    def iterate(
+        self,
+        batch_size: int,
+        window: Window,
+        *,
+        prefetch: int = 2,
+        device: torch.device | str | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[WindowBatch]:
+        """Endless prioritized `sample_windows` batches, ``prefetch`` draws in flight.
+
+        The shards draw the next batches while the learner computes on this one; see
+        `lucid_replay.distributed.stream` for the order of reads and draws.
+        """
+        spec = draw.window_spec(batch_size, window, None)
+        check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
+        target = check_device("device", "cpu" if device is None else device)
+        timeout = settings.checked_timeout(timeout)
+        return BatchStream(self, spec, prefetch, target, timeout)
+
+    # ----------------------------------------------------------------------- priorities
+    def update_priorities(self, indices: Any, errors: Any) -> int:
+        """Set priorities of global ids ``indices`` to ``|errors| + epsilon``, routed by id.
+
+        Evicted ids and ids lost with a shard's earlier incarnation are skipped (counted in
+        ``stats()["priority_updates_skipped"]``); duplicates take the max. Returns how many
+        distinct episodes were applied. The maximum priority stays global: new episodes on
+        every shard start at the largest priority set anywhere.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For lengths that differ, a NaN or infinite error, or an id no shard issued;
+            nothing is updated on any shard then.
+        """
+        self._check_open()
+        return routing.update(self, indices, errors)
+
+    def update_priorities_from(
+        self, batch: WindowBatch, errors: Any, *, eta: float = 0.9, mask: Any = None
+    ) -> int:
+        """R2D2's per-window priorities from per-record errors, routed to the shards.
+
+        As `PrioritizedSequenceReplay.update_priorities_from` (``eta * max + (1 - eta) *
+        mean`` over the counted records; ``[B]`` errors as they are).
+        """
+        self._check_open()
+        return routing.from_batch(self, batch, errors, eta=eta, mask=mask)
+
+    def write_back(self, batch: Batch | WindowBatch, name: str, values: torch.Tensor) -> int:
+        """Write per-record ``values`` ``[B, W, ...]`` into stored field ``name``, per shard.
+
+        As `SequenceReplay.write_back` (refreshed recurrent states): records of episodes
+        evicted or lost since the draw are skipped. Returns how many records were written.
+        """
+        self._check_open()
+        return routing.write_back(self, batch, name, values)
+
+    def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
+        """``beta = beta0 + fraction * (final - beta0)`` on the client and every shard."""
+        fraction = check_float("fraction", fraction, minimum=0.0, maximum=1.0)
+        final = check_float("final", final, minimum=0.0)
+        self._check_open()
+        calls.get([s.anneal_beta.remote(fraction, final) for s in self._shards])
+        beta0 = self._config["beta"]
+        self._beta = beta0 + fraction * (final - beta0)
+
+    # ------------------------------------------------------------------------ reporting
+    def stats(self) -> dict[str, Any]:
+        """The single buffer's counters summed over shards, plus losses and per-shard detail.
+
+        Extra keys: ``episodes_lost`` / ``transitions_lost`` (with shards that died since
+        their last checkpoint), ``priority_updates_skipped`` (ids evicted or lost, counted
+        by this client), ``shards`` (each shard's own stats, incarnation and process) and
+        ``limiter`` (the rate limiter's counters, or ``None``).
+        """
+        self._check_open()
+        per_shard = calls.get([s.stats.remote() for s in self._shards])
+        shared = calls.get(self._control.state.remote())
+        limited = self._config["rate_limiter"] is not None
+        return summary(per_shard, shared, self._skipped, limited=limited)
+
+    # ---------------------------------------------------------------------- persistence
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Write every shard's file, then the manifest, into ``directory`` (created)."""
+        self._check_open()
+        with self._lock:
+            checkpoints.save_replay(self, directory)
+
+    def close(self) -> None:
+        """Stop the shards (Ray actors end); the client refuses calls afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in [*self._shards, self._control]:
+            backends.kill(handle)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise must("the replay", "open (not closed)", "closed")
+
+    def __enter__(self) -> ShardedReplay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        return backends.pickled(self._config["backend"], self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self._rng = np.random.default_rng()  # a copy draws its own labels
+        self._cursor = int(self._rng.integers(self._config["num_shards"]))
+        self._issued = [None] * len(self._shards)

@@ -1,0 +1,143 @@
+"""`Control`: what the shards of one replay share: the rate limiter, the schema, incarnations.
+
+One `Control` serves a sharded replay: in the client's process for ``backend="local"``, as
+one Ray actor (threaded, so that a blocked insert never holds up a sample) for
+``backend="ray"``. It keeps
+
+* the rate limiter's counters and waits (`RateLimiter`);
+* the schema the first stored episode fixed, so that every shard stores the same fields;
+* per shard, the first local id of each incarnation (``starts``) and the highest id and
+  transition counters the running incarnation reported, from which a restart counts what
+  was lost.
+
+Reports from shards (`note`) carry cumulative counters of one incarnation and are applied as
+maxima, so they may arrive in any order.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import lucid_replay.distributed.ids as ids
+from lucid_replay.distributed.limiter import RateLimiter, RateLimiterConfig
+from lucid_replay.errors import InvalidArgumentError
+
+__all__: list[str] = []  # internal module
+
+# What a shard's stats add to its buffer's (not summed over shards).
+SHARD_EXTRAS = ("incarnation", "next_local_id", "max_priority", "pid")
+
+
+class Control:
+    """Shared state of the shards of one replay (thread-safe)."""
+
+    def __init__(self, num_shards: int, limiter: RateLimiterConfig | None) -> None:
+        self.limiter = RateLimiter(limiter)
+        self._lock = threading.Lock()
+        self._schema: dict[str, Any] | None = None
+        self._starts: list[list[int]] = [[0] for _ in range(num_shards)]
+        # Per shard, for its running incarnation: [next_id, transitions added, evicted].
+        self._noted: list[list[int]] = [[0, 0, 0] for _ in range(num_shards)]
+        self._lost = [{"episodes": 0, "transitions": 0} for _ in range(num_shards)]
+
+    # ------------------------------------------------------------------------ limiter
+    def try_acquire(self, n: int, inserting: bool, wait_s: float | None) -> bool:
+        """`RateLimiter.try_acquire`."""
+        return self.limiter.try_acquire(n, inserting=inserting, wait_s=wait_s)
+
+    def release(self, inserts: int = 0, samples: int = 0) -> None:
+        """Undo the counted inserts or samples of a refused call."""
+        self.limiter.release(inserts=inserts, samples=samples)
+
+    # ------------------------------------------------------------------------- schema
+    def propose_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        """The replay's schema: the first one proposed (as ``Schema.to_state``)."""
+        with self._lock:
+            if self._schema is None:
+                self._schema = schema
+            return self._schema
+
+    def schema(self) -> dict[str, Any] | None:
+        """The replay's schema, ``None`` before the first stored episode."""
+        return self._schema
+
+    # ------------------------------------------------------------------ incarnations
+    def join(
+        self, shard: int, restarted: bool, counters: tuple[int, int, int]
+    ) -> tuple[int, list[int]]:
+        """A shard (re)starting with ``counters`` = (next_id, added, evicted) restored.
+
+        Returns its incarnation and the starts of every incarnation. A restart opens a new
+        incarnation from the restored ``next_id`` and counts what the previous one had that
+        the restored state lacks.
+        """
+        with self._lock:
+            starts = self._starts[shard]
+            if restarted:
+                if len(starts) >= ids.MAX_INCARNATIONS:
+                    raise InvalidArgumentError(
+                        f"shard {shard} restarts must be < {ids.MAX_INCARNATIONS}, got "
+                        f"{len(starts)}: its ids have no incarnation bits left"
+                    )
+                next_id, added, evicted = counters
+                last_id, last_added, last_evicted = self._noted[shard]
+                lost_episodes = max(last_id - next_id, 0)
+                lost = (last_added - last_evicted) - (added - evicted)
+                self._lost[shard]["episodes"] += lost_episodes
+                self._lost[shard]["transitions"] += max(lost, 0)
+                self.limiter.release(deletes=lost)
+                # Ids at or above the restored next_id were lost, whichever incarnation issued
+                # them: no range may reach past it (an older checkpoint than the last start).
+                starts[:] = [min(start, next_id) for start in starts]
+                starts.append(next_id)
+            self._noted[shard] = list(counters)
+            return len(starts) - 1, list(starts)
+
+    def note(self, shard: int, incarnation: int, counters: tuple[int, int, int]) -> None:
+        """A shard's cumulative (next_id, added, evicted); evictions count as deletes."""
+        with self._lock:
+            if incarnation != len(self._starts[shard]) - 1:
+                return  # a report of an incarnation already replaced
+            noted = self._noted[shard]
+            evicted = counters[2] - noted[2]
+            self._noted[shard] = [max(a, b) for a, b in zip(noted, counters, strict=True)]
+        if evicted > 0:
+            self.limiter.release(deletes=evicted)
+
+    # ---------------------------------------------------------------------- reporting
+    def state(self) -> dict[str, Any]:
+        """Limiter counters, schema, starts and losses (for `stats` and checkpoints)."""
+        with self._lock:
+            return {
+                "limiter": self.limiter.state(),
+                "schema": self._schema,
+                "starts": [list(s) for s in self._starts],
+                "noted": [list(n) for n in self._noted],
+                "lost": [dict(lost) for lost in self._lost],
+            }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Adopt a `state` saved with a replay of as many shards."""
+        with self._lock:
+            self.limiter.restore(state["limiter"])
+            self._schema = state["schema"]
+            self._starts = [list(s) for s in state["starts"]]
+            self._noted = [list(n) for n in state["noted"]]
+            self._lost = [dict(lost) for lost in state["lost"]]
+
+
+def summary(
+    per_shard: list[dict[str, Any]], shared: dict[str, Any], skipped: int, *, limited: bool
+) -> dict[str, Any]:
+    """`ShardedReplay.stats`: the shards' counters summed, losses, per-shard detail."""
+    keys = [k for k in per_shard[0] if k not in SHARD_EXTRAS]
+    totals = {key: sum(s[key] for s in per_shard) for key in keys}
+    return {
+        **totals,
+        "episodes_lost": sum(lost["episodes"] for lost in shared["lost"]),
+        "transitions_lost": sum(lost["transitions"] for lost in shared["lost"]),
+        "priority_updates_skipped": skipped,
+        "shards": per_shard,
+        "limiter": shared["limiter"] if limited else None,
+    }

@@ -1,0 +1,96 @@
+"""A draw through the client: the rate limiter, the shards' masses, the rounds, the merge.
+
+`begin` waits for the limiter, reads every shard's mass and sends each labelled shard its
+count (`lucid_replay.distributed.draw`); `complete` collects the replies, runs the rounds a
+reuse limit needs, merges the pieces and computes the weights over the whole batch. A draw
+that is refused gives back what it took from the limiter. The coordinator's generator is
+used under the client's lock, so concurrent calls on one client draw in some serial order.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.draw as draw
+import lucid_replay.distributed.transport as transport
+from lucid_replay.batch import Batch, WindowBatch
+from lucid_replay.errors import RateLimiterTimeout
+
+__all__: list[str] = []  # internal module
+
+
+def begin(
+    replay: Any, spec: draw.Spec, timeout: float | None, optional: bool = False
+) -> draw.Pending | None:
+    """Start a draw; ``optional``: ``None`` instead of waiting or raising (a prefetch)."""
+    replay._check_open()
+    if not acquire(replay, spec.batch_size, inserting=False, timeout=timeout, quiet=optional):
+        return None
+    try:
+        with replay._lock:
+            shards, window, prioritized = replay._shards, spec.window, spec.prioritized
+            infos = calls.get([s.info.remote(window, prioritized) for s in shards])
+            draw.check(infos, spec, replay.max_times_sampled)
+            masses = [info["log_mass"] for info in infos]
+            pending = draw.start(shards, replay._rng, spec, masses)
+            pending.exponent = replay.alpha * replay.beta  # weights as of the start
+            return pending
+    except BaseException:
+        release(replay, samples=spec.batch_size)
+        if optional:
+            return None
+        raise
+
+
+def complete(replay: Any, pending: draw.Pending, target: torch.device) -> Batch | WindowBatch:
+    """The merged batch of a started draw, on ``target``."""
+    with replay._lock:
+        limit = replay.max_times_sampled
+        draw.finish(replay._shards, replay._rng, pending, calls.get, limit)
+    spec = pending.spec
+    tensors = transport.merge(pending.pieces, pending.destinations, spec.batch_size, target)
+    weights = draw.weights(pending, pending.exponent) if spec.prioritized else None
+    return transport.build(tensors, weights, target, chunks=spec.chunks)
+
+
+def acquire(
+    replay: Any, n: int, *, inserting: bool, timeout: float | None, quiet: bool = False
+) -> bool:
+    """Wait until the limiter counts ``n`` inserts (transitions) or samples.
+
+    Raises `RateLimiterTimeout` after ``timeout`` seconds (``quiet``: returns False).
+    """
+    if replay._config["rate_limiter"] is None:
+        return True
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if calls.get(replay._control.try_acquire.remote(n, inserting, left)):
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            if quiet:
+                return False
+            what = f"insert of {n} transitions" if inserting else f"sample of {n}"
+            raise RateLimiterTimeout(
+                f"timeout must be long enough for the rate limiter to allow the {what}, "
+                f"got {timeout!r} s"
+            )
+
+
+def release(replay: Any, inserts: int = 0, samples: int = 0) -> None:
+    """Give back what a refused call took from the limiter."""
+    if replay._config["rate_limiter"] is not None:
+        calls.get(replay._control.release.remote(inserts, samples))
+
+
+def draw_batch(
+    replay: Any, spec: draw.Spec, target: torch.device, timeout: float | None
+) -> Batch | WindowBatch:
+    """A whole draw (`begin`, then `complete`)."""
+    pending = begin(replay, spec, timeout)
+    assert pending is not None  # only an optional draw returns None
+    return complete(replay, pending, target)

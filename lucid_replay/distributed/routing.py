@@ -1,0 +1,162 @@
+"""Routing of a sharded replay: adds round robin, priority updates and write-backs by id.
+
+Adds go to the shards in turn, one call per shard per `extend`, after the limiter admitted
+their transitions (given back if a shard refuses them). Priority updates are checked whole,
+routed by id, and the maximum priority is kept global.
+
+An update is refused, on every shard, if any id is one no shard issued: negative, of a shard
+the replay does not have, of an incarnation that has not started, or beyond what its
+incarnation issued. The client knows each shard's marks (incarnation, next local id, first
+local id of each incarnation) from earlier replies and asks again only for a shard whose
+marks an id exceeds. Ids a shard issued but lost in a restart, or evicted, are skipped there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.coordination as coordination
+import lucid_replay.distributed.ids as ids
+import lucid_replay.distributed.settings as settings
+import lucid_replay.distributed.transport as transport
+from lucid_replay.batch import WindowBatch, record_positions
+from lucid_replay.checks import as_tensor, as_vector, check_float
+from lucid_replay.errors import must, wrong_kind
+from lucid_replay.priorities import window_priorities
+from lucid_replay.schema import Schema
+
+__all__: list[str] = []  # internal module
+
+Mark = tuple[int, int, list[int]]  # incarnation, next local id, starts of every incarnation
+
+
+def update(replay: Any, indices: Any, errors: Any) -> int:
+    """`ShardedReplay.update_priorities`."""
+    cpu = torch.device("cpu")
+    id_values = as_vector("indices", indices, torch.int64, cpu).numpy()
+    values = as_vector("errors", errors, torch.float64, cpu).numpy()
+    if id_values.shape != values.shape:
+        raise must("errors", f"as long as indices ({id_values.size})", values.size)
+    settings.check_errors(values, replay.epsilon)
+    with replay._lock:  # one update at a time: marks, counters and the maximum
+        shard_of = check_issued(replay, id_values)
+        shards = replay._shards
+        futures = [
+            shards[k].update.remote(id_values[shard_of == k], values[shard_of == k])
+            for k in np.unique(shard_of).tolist()
+        ]
+        replies = calls.get(futures)
+        applied = sum(reply[0] for reply in replies)
+        replay._skipped += sum(reply[2] for reply in replies)
+        largest = max((reply[1] for reply in replies if reply[1] is not None), default=None)
+        if largest is not None and largest > replay._global_max:
+            # Every shard's new episodes start at the global maximum once this call returns.
+            replay._global_max = largest
+            calls.get([shard.raise_max_priority.remote(largest) for shard in shards])
+    return int(applied)
+
+
+def check_issued(replay: Any, global_ids: np.ndarray) -> np.ndarray:
+    """Each id's shard, after refusing any id no shard has issued (marks refreshed once)."""
+    shard, incarnation, local = ids.decode(global_ids)
+    bad = _never_issued(replay, global_ids, shard, incarnation, local)
+    if bad.any():  # marks may be stale: ask those shards once
+        suspects = np.unique(shard[bad & (global_ids >= 0) & (shard < replay.num_shards)])
+        futures = [replay._shards[k].issued.remote() for k in suspects.tolist()]
+        for k, mark in zip(suspects.tolist(), calls.get(futures), strict=True):
+            replay._issued[k] = mark
+        bad = _never_issued(replay, global_ids, shard, incarnation, local)
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        raise must(f"indices[{at}]", "an issued episode id of this replay", int(global_ids[at]))
+    return shard
+
+
+def _never_issued(
+    replay: Any,
+    global_ids: np.ndarray,
+    shard: np.ndarray,
+    incarnation: np.ndarray,
+    local: np.ndarray,
+) -> np.ndarray:
+    bad: np.ndarray = (global_ids < 0) | (shard >= replay.num_shards)
+    for k in np.unique(shard[~bad]).tolist():
+        mine = (shard == k) & ~bad
+        mark: Mark | None = replay._issued[k]
+        if mark is None:
+            bad |= mine
+            continue
+        current, next_id, starts = mark
+        inc, loc = incarnation[mine], local[mine]
+        first = np.asarray(starts, dtype=np.int64)[np.minimum(inc, current)]
+        bad[mine] = (inc > current) | ((inc == current) & (loc >= next_id)) | (loc < first)
+    return bad
+
+
+def from_batch(replay: Any, batch: Any, errors: Any, *, eta: float, mask: Any) -> int:
+    """`ShardedReplay.update_priorities_from`."""
+    eta = check_float("eta", eta, minimum=0.0, maximum=1.0)
+    if not isinstance(batch, WindowBatch):
+        raise wrong_kind("batch", "a WindowBatch", type(batch).__name__)
+    values = as_tensor("errors", errors)
+    if tuple(values.shape) == tuple(batch.validity_mask.shape[:1]):
+        return update(replay, batch.episode_ids, values)
+    episode_ids, mixed = window_priorities(
+        batch.learning_mask,
+        batch.validity_mask,
+        batch.record_episode_ids,
+        batch.episode_ids,
+        values,
+        eta=eta,
+        mask=mask,
+    )
+    return update(replay, torch.as_tensor(episode_ids).cpu(), torch.as_tensor(mixed).cpu())
+
+
+def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:
+    """`ShardedReplay.write_back`: each shard writes the records of its own episodes."""
+    episode_ids, steps, mask = (t.cpu().numpy() for t in record_positions(batch))
+    if not isinstance(values, torch.Tensor):
+        raise wrong_kind("values", "a tensor", type(values).__name__)
+    host = values.detach().cpu().numpy()
+    shard = ids.decode(episode_ids)[0]
+    futures = [
+        replay._shards[k].write_back.remote(name, episode_ids, steps, mask & (shard == k), host)
+        for k in np.unique(shard[mask]).tolist()
+        if 0 <= k < replay.num_shards
+    ]
+    return int(sum(calls.get(futures)))
+
+
+def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
+    """`ShardedReplay.extend`: every episode checked, then one call per shard in parallel."""
+    if replay._schema is None and episodes:
+        known = calls.get(replay._control.schema.remote())
+        replay._schema = None if known is None else Schema.from_state(known)
+    settings.check_episodes(episodes, replay._schema, replay.shard_capacity)
+    if not episodes:
+        return []
+    transitions = sum(len(e) for e in episodes)
+    coordination.acquire(replay, transitions, inserting=True, timeout=timeout)
+    targets = (replay._cursor + np.arange(len(episodes))) % replay.num_shards
+    try:
+        futures = {
+            k: replay._shards[k].add.remote(
+                [transport.pack_episode(episodes[i]) for i in np.flatnonzero(targets == k)]
+            )
+            for k in np.unique(targets).tolist()
+        }
+        replies = dict(zip(futures, calls.get(list(futures.values())), strict=True))
+    except BaseException:
+        coordination.release(replay, inserts=transitions)
+        raise
+    with replay._lock:
+        replay._cursor += len(episodes)  # only once stored: a refused call routes nothing
+    result = np.empty(len(episodes), dtype=np.int64)
+    for k, global_ids in replies.items():
+        result[targets == k] = global_ids
+    return [int(i) for i in result]

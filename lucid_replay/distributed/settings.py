@@ -1,0 +1,174 @@
+"""The configuration of a sharded replay: checked once, kept as plain JSON-able values.
+
+The configuration goes into the manifest of every checkpoint, so that `ShardedReplay.load`
+restarts the same replay. Seeds: with one shard the shard's buffer is seeded with ``seed``
+itself (so that it draws what a `PrioritizedSequenceReplay` seeded alike draws); with
+``S > 1`` shards, shard ``k`` gets ``SeedSequence(seed, spawn_key=(k,))``'s first 64-bit
+word. The coordinator's generator (numpy PCG64) is seeded with ``SeedSequence(seed)``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+import numpy as np
+
+import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.ids as ids
+from lucid_replay.checks import check_float, check_int
+from lucid_replay.distributed.limiter import (
+    MinSize,
+    RateLimiterConfig,
+    SampleToInsertRatio,
+    check_limiter,
+)
+from lucid_replay.episode import Episode
+from lucid_replay.errors import must, wrong_type
+from lucid_replay.schema import Schema
+
+__all__: list[str] = []  # internal module
+
+_UNITS = ("chunk", "episode")
+_FLOAT64_MAX = float(np.finfo(np.float64).max)
+
+
+def checked(**arguments: Any) -> dict[str, Any]:
+    """The configuration of `ShardedReplay.create`'s arguments, every one validated."""
+    num_shards = check_int("num_shards", arguments["num_shards"], minimum=1, maximum=ids.MAX_SHARDS)
+    capacity = check_int("capacity", arguments["capacity"], minimum=num_shards, maximum=2**62)
+    unit = arguments["unit"]
+    if unit not in _UNITS:
+        raise must("unit", f"one of {_UNITS}", unit)
+    seed = arguments["seed"]
+    if seed is not None:
+        seed = check_int("seed", seed, minimum=0, maximum=2**64 - 1)
+    reuse = arguments["max_times_sampled"]
+    if reuse is not None:
+        reuse = check_int("max_times_sampled", reuse, minimum=1)
+    limiter = check_limiter(arguments["rate_limiter"])
+    if arguments["backend"] not in calls.BACKENDS:
+        raise must("backend", f"one of {calls.BACKENDS}", arguments["backend"])
+    directory = arguments["checkpoint_dir"]
+    if directory is not None:
+        if not isinstance(directory, str | os.PathLike):
+            raise wrong_type("checkpoint_dir", "a path or None", directory)
+        directory = os.path.abspath(os.fspath(directory))
+    every = arguments["checkpoint_every"]
+    if every is not None:
+        every = check_int("checkpoint_every", every, minimum=1)
+        if directory is None:
+            raise must("checkpoint_every", "None without a checkpoint_dir", every)
+    return {
+        "num_shards": num_shards,
+        "shard_capacity": capacity // num_shards,
+        "alpha": check_float("alpha", arguments["alpha"], minimum=0.0),
+        "beta": check_float("beta", arguments["beta"], minimum=0.0),
+        "epsilon": check_float("epsilon", arguments["epsilon"], minimum=0.0, strict=True),
+        "unit": unit,
+        "seed": seed,
+        "max_times_sampled": reuse,
+        "rate_limiter": limiter_state(limiter),
+        "backend": arguments["backend"],
+        "checkpoint_dir": directory,
+        "checkpoint_every": every,
+    }
+
+
+def shard_settings(config: dict[str, Any], index: int) -> dict[str, Any]:
+    """What shard ``index``'s constructor takes."""
+    return {
+        "capacity": config["shard_capacity"],
+        "alpha": config["alpha"],
+        "beta": config["beta"],
+        "epsilon": config["epsilon"],
+        "unit": config["unit"],
+        "seed": shard_seed(config["seed"], index, config["num_shards"]),
+        "max_times_sampled": config["max_times_sampled"],
+        "checkpoint_dir": config["checkpoint_dir"],
+        "checkpoint_every": config["checkpoint_every"],
+    }
+
+
+def shard_seed(seed: int | None, index: int, num_shards: int) -> int | None:
+    """Shard ``index``'s buffer seed: ``seed`` itself for one shard (see the module)."""
+    if seed is None or num_shards == 1:
+        return seed
+    sequence = np.random.SeedSequence(seed, spawn_key=(index,))
+    return int(sequence.generate_state(1, np.uint64)[0])
+
+
+def coordinator_seed(seed: int | None) -> np.random.SeedSequence | None:
+    """The coordinator generator's seed."""
+    return None if seed is None else np.random.SeedSequence(seed)
+
+
+def limiter_state(limiter: RateLimiterConfig | None) -> dict[str, Any] | None:
+    """A limiter as plain values (for the manifest)."""
+    if limiter is None:
+        return None
+    fields = attrs.asdict(limiter)
+    if isinstance(fields.get("error_buffer"), tuple):
+        fields["error_buffer"] = list(fields["error_buffer"])
+    return {"kind": type(limiter).__name__, **fields}
+
+
+def limiter_from(state: dict[str, Any] | None) -> RateLimiterConfig | None:
+    """The limiter of `limiter_state` output."""
+    if state is None:
+        return None
+    fields = {k: v for k, v in state.items() if k != "kind"}
+    if state["kind"] == "MinSize":
+        return MinSize(**fields)
+    if isinstance(fields["error_buffer"], list):
+        fields["error_buffer"] = tuple(fields["error_buffer"])
+    return SampleToInsertRatio(**fields)
+
+
+def checked_timeout(timeout: Any) -> float | None:
+    """``None`` (wait for ever) or a number of seconds ``>= 0``."""
+    if timeout is None:
+        return None
+    return check_float("timeout", timeout, minimum=0.0)
+
+
+def check_errors(values: np.ndarray, epsilon: float) -> None:
+    """Refuse NaN or infinite errors, and errors whose ``|error| + epsilon`` overflows."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        at = int(np.flatnonzero(~finite)[0])
+        raise must(f"errors[{at}]", "finite", float(values[at]))
+    with np.errstate(over="ignore"):
+        overflow = np.isinf(np.abs(values) + epsilon)
+    if overflow.any():
+        at = int(np.flatnonzero(overflow)[0])
+        raise must(
+            f"errors[{at}]",
+            f"at most {_FLOAT64_MAX - epsilon:.6g} so that |error| + epsilon stays finite",
+            float(values[at]),
+        )
+
+
+def config_property(name: str, doc: str) -> Any:
+    """A read-only property returning ``self._config[name]``."""
+
+    def read(self: Any) -> Any:
+        return self._config[name]
+
+    read.__doc__ = doc
+    return property(read)
+
+
+def check_episodes(episodes: list[Any], schema: Schema | None, capacity: int) -> None:
+    """The buffer's checks of each episode against ``schema`` (``None``: the first fixes it)."""
+    for episode in episodes:
+        if not isinstance(episode, Episode):
+            raise TypeError(f"episode must be an Episode, got {type(episode).__name__}")
+        if len(episode) > capacity:
+            raise must("episode length", f"<= capacity ({capacity})", len(episode))
+        if schema is None:
+            episode.schema.check_storable()
+            schema = episode.schema
+        else:
+            schema.check(episode.schema)

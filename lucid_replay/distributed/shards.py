@@ -1,0 +1,252 @@
+"""`ReplayShard`: one shard of a sharded replay, a `PrioritizedSequenceReplay` behind hooks.
+
+The same class runs in-process (``backend="local"``) and as a Ray actor (``backend="ray"``).
+Everything it returns is plain data (numpy arrays, ints, floats), with episode ids already
+global (`lucid_replay.distributed.ids`). A shard draws only what its coordinator asks for
+(`ShardHooks.draw_kept`), from its own tree and its own random stream.
+
+Its constructor also runs when Ray restarts a dead shard: it then reloads the latest
+checkpoint of its shard and joins as a new incarnation, so the ids it issues from then on
+differ from those of the episodes lost with the previous incarnation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.checkpoints as checkpoints
+import lucid_replay.distributed.ids as ids
+import lucid_replay.distributed.transport as transport
+from lucid_replay.prioritized import PrioritizedSequenceReplay
+from lucid_replay.schema import Schema
+from lucid_replay.shard import ShardHooks
+from lucid_replay.window import Window
+
+__all__: list[str] = []  # internal module
+
+
+class ReplayShard:
+    """Shard ``index`` of a replay configured by ``settings`` (see `ShardedReplay.create`).
+
+    Parameters
+    ----------
+    index
+        The shard's number, ``0 .. num_shards - 1``.
+    settings
+        ``capacity`` (of this shard), ``alpha``, ``beta``, ``epsilon``, ``unit``, ``seed``,
+        ``max_times_sampled``, ``checkpoint_dir`` and ``checkpoint_every``.
+    control
+        Handle of the replay's `Control`, or the name of its Ray actor.
+    restore_path
+        A shard file to start from (`ShardedReplay.load`).
+    restarted
+        Whether this is a restart; ``None`` asks Ray.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        settings: dict[str, Any],
+        control: Any,
+        *,
+        restore_path: str | None = None,
+        restarted: bool | None = None,
+    ) -> None:
+        self.index = index
+        if isinstance(control, str):  # a Ray shard finds its control by name
+            control = calls.named_actor(control)
+        self.control = control
+        self.settings = settings
+        self.buffer = PrioritizedSequenceReplay(
+            settings["capacity"],
+            settings["alpha"],
+            settings["beta"],
+            settings["epsilon"],
+            unit=settings["unit"],
+            seed=settings["seed"],
+            max_times_sampled=settings["max_times_sampled"],
+        )
+        self.hooks = ShardHooks(self.buffer)
+        if restarted is None:
+            restarted = calls.restarted_actor()
+        source = restore_path
+        own = self._checkpoint_path()
+        if restarted and own is not None and own.exists():
+            source = str(own)
+        if source is not None:
+            checkpoints.restore_shard(self.buffer, source)
+        self.incarnation, self.starts = calls.get(
+            control.join.remote(index, restarted, self._counters())
+        )
+        self.adds_since_checkpoint = 0
+        if own is not None and not restarted:
+            # A first checkpoint, so that a restart never reloads another replay's file
+            # left in the same directory.
+            self.checkpoint()
+
+    # ------------------------------------------------------------------------ helpers
+    def _checkpoint_path(self) -> Path | None:
+        directory = self.settings["checkpoint_dir"]
+        return None if directory is None else checkpoints.shard_path(directory, self.index)
+
+    def _counters(self) -> tuple[int, int, int]:
+        stats = self.buffer.stats()
+        next_id = self.buffer.episode_ids.stop
+        return next_id, stats["transitions_added"], stats["transitions_evicted"]
+
+    def _global(self, local: np.ndarray) -> np.ndarray:
+        return ids.encode(self.index, ids.incarnation_of(local, self.starts), local)
+
+    def _report(self) -> None:
+        """Tell the control about new ids and evictions (no reply awaited)."""
+        self.control.note.remote(self.index, self.incarnation, self._counters())
+
+    # -------------------------------------------------------------------------- adding
+    def add(self, packed: list[tuple[dict[str, Any], bool]]) -> np.ndarray:
+        """Store episodes (all checked first, also against the replay's schema); global ids."""
+        episodes = [transport.unpack_episode(p) for p in packed]
+        store = self.buffer._core.store
+        if store.schema is None and episodes:
+            for episode in episodes:  # refuse what the replay's schema refuses
+                store.checked_schema(episode, None)
+            proposed = episodes[0].schema.to_state()
+            agreed = calls.get(self.control.propose_schema.remote(proposed))
+            schema = Schema.from_state(agreed)
+            for episode in episodes:
+                store.checked_schema(episode, schema)
+        local = np.asarray(self.buffer.extend(episodes), dtype=np.int64)
+        self._report()
+        self.adds_since_checkpoint += len(episodes)
+        every = self.settings["checkpoint_every"]
+        if every is not None and self.adds_since_checkpoint >= every:
+            self.checkpoint()
+        return ids.encode(self.index, np.full_like(local, self.incarnation), local)
+
+    # ------------------------------------------------------------------------- drawing
+    def info(self, window: Window, prioritized: bool) -> dict[str, Any]:
+        """What the coordinator needs before a draw of ``window``."""
+        buffer = self.buffer
+        with buffer._lock:
+            table = buffer._core.store.table
+            lengths = table.length[table.stored_rows()]
+            return {
+                "log_mass": self.hooks.log_mass(window, prioritized=prioritized),
+                "draws_left": self.hooks.draws_left(window),
+                "episodes": buffer.num_episodes,
+                "longest": int(lengths.max()) if lengths.numel() else 0,
+            }
+
+    def draw(self, count: int, window: Window, prioritized: bool, chunks: bool) -> dict[str, Any]:
+        """``count`` draws; the kept ones packed, their priorities, and the kept mask.
+
+        A shard with nothing to draw from (its episodes were evicted or retired since the
+        coordinator read its mass) keeps none, leaving its random stream untouched.
+        """
+        evicted = self._counters()[2]
+        if self.hooks.log_mass(window, prioritized=prioritized) == -math.inf:
+            return {
+                "batch": None,
+                "priorities": None,
+                "kept": np.zeros(count, dtype=bool),
+                "log_mass": -math.inf,
+            }
+        batch, priorities, kept = self.hooks.draw_kept(
+            count, window, prioritized=prioritized, chunks=chunks
+        )
+        packed = transport.pack_batch(batch)
+        for key in transport.ID_KEYS:
+            if key in packed:
+                packed[key] = self._global(packed[key])
+        if self._counters()[2] != evicted:  # retired episodes reclaimed
+            self._report()
+        return {
+            "batch": packed,
+            "priorities": None if priorities is None else priorities.numpy(),
+            "kept": kept.numpy(),
+            "log_mass": self.hooks.log_mass(window, prioritized=prioritized),
+        }
+
+    # ---------------------------------------------------------------------- priorities
+    def update(self, global_ids: np.ndarray, errors: np.ndarray) -> tuple[int, float | None, int]:
+        """Route checked ids of this shard: ``(applied, largest priority, skipped entries)``.
+
+        Ids of episodes lost with an earlier incarnation, or evicted, are skipped.
+        """
+        _, incarnation, local = ids.decode(global_ids)
+        next_id = self.buffer.episode_ids.stop
+        live = ids.issued_by(incarnation, local, self.starts, next_id)
+        with self.buffer._lock:
+            table = self.buffer._core.store.table
+            stored = live & table.is_stored(torch.from_numpy(local)).numpy()
+            applied, largest = self.hooks.update(local[live], errors[live])
+        return applied, largest, int((~stored).sum())
+
+    def write_back(
+        self,
+        name: str,
+        global_ids: np.ndarray,
+        steps: np.ndarray,
+        mask: np.ndarray,
+        values: np.ndarray,
+    ) -> int:
+        """`SequenceReplay.write_back` of the records of this shard's live episodes."""
+        shard, incarnation, local = ids.decode(global_ids)
+        next_id = self.buffer.episode_ids.stop
+        live = (
+            mask & (shard == self.index) & ids.issued_by(incarnation, local, self.starts, next_id)
+        )
+        values = np.require(values, requirements="W")  # Ray hands over read-only arrays
+        with self.buffer._lock:
+            return self.buffer._core.store.write_records(
+                name,
+                torch.from_numpy(np.where(live, local, 0)),
+                torch.from_numpy(np.asarray(steps, dtype=np.int64)),
+                torch.from_numpy(live),
+                torch.from_numpy(values),
+            )
+
+    def raise_max_priority(self, priority: float) -> None:
+        """`ShardHooks.raise_max_priority`."""
+        self.hooks.raise_max_priority(priority)
+
+    def max_priority(self) -> float:
+        """The largest priority this shard has set or been told."""
+        return self.buffer.max_priority
+
+    def anneal_beta(self, fraction: float, final: float) -> None:
+        """`PrioritizedSequenceReplay.anneal_beta` (kept with the shard's checkpoints)."""
+        self.buffer.anneal_beta(fraction, final)
+
+    # ----------------------------------------------------------------------- reporting
+    def issued(self) -> tuple[int, int, list[int]]:
+        """``(incarnation, next local id, first local id of each incarnation)``."""
+        return self.incarnation, self.buffer.episode_ids.stop, list(self.starts)
+
+    def stats(self) -> dict[str, Any]:
+        """The buffer's counters plus this shard's incarnation and process."""
+        return {
+            **self.buffer.stats(),
+            "incarnation": self.incarnation,
+            "next_local_id": self.buffer.episode_ids.stop,
+            "max_priority": self.buffer.max_priority,
+            "pid": calls.process_id(),
+        }
+
+    # --------------------------------------------------------------------- persistence
+    def save(self, directory: str) -> None:
+        """Write this shard's file into ``directory`` (atomically)."""
+        meta = {"index": self.index, "incarnation": self.incarnation, "starts": self.starts}
+        checkpoints.save_shard(self.buffer, checkpoints.shard_path(directory, self.index), meta)
+        if os.path.abspath(directory) == self.settings["checkpoint_dir"]:
+            self.adds_since_checkpoint = 0  # what a restart reloads is this file now
+
+    def checkpoint(self) -> None:
+        """Write this shard's file into its ``checkpoint_dir`` (what a restart reloads)."""
+        self.save(self.settings["checkpoint_dir"])

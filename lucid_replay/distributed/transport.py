@@ -1,0 +1,126 @@
+"""Transport: episodes and batches cross processes as dicts of contiguous numpy arrays.
+
+Numpy arrays travel through Ray's object store without per-record pickling (and are read
+without a copy on the receiving side), where torch tensors would be pickled whole. The
+learner merges the shards' pieces into one batch with one copy per byte, straight into pinned
+host memory when the target is a CUDA device, then moves it with ``non_blocking=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
+from lucid_replay.episode import Episode
+
+__all__: list[str] = []  # internal module
+
+Packed = dict[str, Any]  # name -> numpy array (a tensor for dtypes numpy lacks)
+_DATA = "data."
+_WINDOW_KEYS = (
+    "learning_mask",
+    "validity_mask",
+    "is_init",
+    "terminal",
+    "record_episode_ids",
+    "record_steps",
+    "step_in_sequence",
+    "episode_ids",
+    "anchor_steps",
+)
+_CHUNK_KEYS = ("episode_ids", "starts")
+ID_KEYS = ("episode_ids", "record_episode_ids")  # local ids on a shard, global once packed
+
+
+def _host(tensor: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """A CPU tensor as numpy (shared memory); dtypes numpy lacks stay tensors."""
+    tensor = tensor.detach().cpu()
+    try:
+        return tensor.numpy()
+    except TypeError:  # bfloat16 and friends
+        return tensor
+
+
+def pack_episode(episode: Episode) -> tuple[dict[str, Any], bool]:
+    """An episode as ``(name -> array, terminated)``."""
+    return {name: _host(t) for name, t in episode.steps.items()}, episode.terminated
+
+
+def unpack_episode(packed: tuple[Mapping[str, Any], bool]) -> Episode:
+    """The `Episode` of `pack_episode` output (numpy arrays are wrapped, not copied)."""
+    steps, terminated = packed
+    return Episode(dict(steps), terminated=terminated)
+
+
+def pack_batch(batch: Batch | WindowBatch) -> Packed:
+    """A batch's tensors by name (``data.<field>`` for stored fields); weights are not kept."""
+    keys = _WINDOW_KEYS if isinstance(batch, WindowBatch) else _CHUNK_KEYS
+    packed: Packed = {f"{_DATA}{name}": _host(t) for name, t in batch.data.items()}
+    for key in keys:
+        packed[key] = getattr(batch, key).cpu().numpy()
+    return packed
+
+
+def merge(
+    pieces: list[Packed], destinations: list[np.ndarray], size: int, target: torch.device
+) -> dict[str, torch.Tensor]:
+    """Rows of each piece written to its ``destinations`` rows of ``size``-row tensors.
+
+    The tensors are owned (writable), pinned for a CUDA ``target``; not moved yet.
+    """
+    pin = target.type == "cuda"
+    template = pieces[0]
+    merged: dict[str, torch.Tensor] = {}
+    for key, first in template.items():
+        shape = (size, *first.shape[1:])
+        if isinstance(first, torch.Tensor):
+            out = torch.empty(shape, dtype=first.dtype, pin_memory=pin)
+            for piece, rows in zip(pieces, destinations, strict=True):
+                out[torch.from_numpy(rows)] = torch.as_tensor(piece[key])
+        else:
+            dtype = torch.from_numpy(np.empty(0, dtype=first.dtype)).dtype
+            out = torch.empty(shape, dtype=dtype, pin_memory=pin)
+            view = out.numpy()
+            for piece, rows in zip(pieces, destinations, strict=True):
+                view[rows] = piece[key]
+        merged[key] = out
+    return merged
+
+
+def _moved(tensors: dict[str, torch.Tensor], target: torch.device) -> dict[str, torch.Tensor]:
+    if target.type == "cpu":
+        return tensors
+    return {k: v.to(target, non_blocking=target.type == "cuda") for k, v in tensors.items()}
+
+
+def build(
+    tensors: dict[str, torch.Tensor],
+    weights: np.ndarray | None,
+    target: torch.device,
+    *,
+    chunks: bool,
+) -> Batch | WindowBatch:
+    """The core's batch value of merged ``tensors`` (and float32 ``weights``) on ``target``."""
+    if weights is not None:
+        tensors["weights"] = torch.from_numpy(weights)
+    tensors = _moved(tensors, target)
+    data = {k[len(_DATA) :]: v for k, v in tensors.items() if k.startswith(_DATA)}
+    if chunks:
+        if weights is None:
+            return Batch(data, tensors["episode_ids"], tensors["starts"])
+        return PrioritizedBatch(
+            data=data,
+            episode_ids=tensors["episode_ids"],
+            starts=tensors["starts"],
+            indices=tensors["episode_ids"].clone(),
+            weights=tensors["weights"],
+        )
+    return WindowBatch(
+        data=data,
+        weights=tensors.get("weights"),
+        **{key: tensors[key] for key in _WINDOW_KEYS},
+    )

@@ -1,0 +1,184 @@
+"""`ShardedReplay` on real Ray actors: the same draws as backend="local", remote writers, restarts.
+
+The only module that starts Ray (one cluster per module, so two xdist workers never start two):
+bound to loopback, no dashboard, no auth token, two CPUs, shut down at the end. Tests here
+are few and slow (starting Ray takes ~8 s, an actor ~1 s); the exactness tests run on
+backend="local" in test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_episode
+
+from lucid_replay import EpisodeWriter, Window
+from lucid_replay.distributed import SampleToInsertRatio, ShardedReplay, ids
+
+ray = pytest.importorskip("ray", reason='needs Ray: pip install "lucid-replay[distributed]"')
+pytestmark = pytest.mark.ray
+
+WINDOW = Window(4, burn_in=2, bootstrap=1)
+TESTS = Path(__file__).resolve().parent
+EXAMPLES = TESTS.parent / "examples"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for this module, on 127.0.0.1 only; always shut down."""
+    os.environ.update(
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # every server binds to 127.0.0.1
+        RAY_AUTH_MODE="disabled",  # no token written to ~/.ray
+        RAY_USAGE_STATS_ENABLED="0",
+        # Workers import this module, conftest and the examples' modules by name.
+        PYTHONPATH=os.pathsep.join([str(TESTS), str(EXAMPLES), os.environ.get("PYTHONPATH", "")]),
+    )
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _store(client: ShardedReplay, count: int) -> list[int]:
+    """What a collector task does: add episodes through its copy of the client."""
+    return [client.add(make_episode(5 + i % 4)) for i in range(count)]
+
+
+def _collect(client: ShardedReplay, steps: int) -> list[int]:
+    """A collector actor's loop: EpisodeWriter over the client, two envs."""
+    writer = EpisodeWriter(client, num_envs=2)
+    writer.reset(np.zeros((2, 3), dtype=np.float32))
+    stored: list[int] = []
+    for t in range(steps):
+        done = np.array([t % 3 == 2, t % 4 == 3])
+        stored += writer.step(
+            np.ones(2, dtype=np.int64),
+            np.ones(2, dtype=np.float32),
+            done,
+            np.zeros(2, dtype=bool),
+            np.full((2, 3), t, dtype=np.float32),
+        )
+    return stored
+
+
+def test_ray_shards_draw_what_local_shards_draw_and_take_remote_writers(cluster):
+    """Same seed, same calls: Ray and local backends give identical batches; a pickled
+    client adds from Ray tasks and actors; iterate keeps requests in flight."""
+    replicas = [
+        ShardedReplay.create(3, 3000, seed=11, backend=backend, max_times_sampled=50)
+        for backend in ("ray", "local")
+    ]
+    for replay in replicas:
+        replay.extend(make_episode(n, first_serial=100 * n) for n in (4, 9, 6, 12, 3, 7, 8))
+    for step in range(3):
+        remote, local = (r.sample_windows(16, WINDOW) for r in replicas)
+        assert torch.equal(remote.episode_ids, local.episode_ids)
+        assert torch.equal(remote["serial"], local["serial"])
+        assert torch.equal(remote.weights, local.weights)
+        chunks = [r.sample_prioritized(8, 3) for r in replicas]
+        assert torch.equal(chunks[0]["serial"], chunks[1]["serial"])
+        errors = torch.arange(16.0) + step
+        assert replicas[0].update_priorities(remote.episode_ids, errors) == replicas[
+            1
+        ].update_priorities(local.episode_ids, errors)
+    streams = [r.iterate(8, WINDOW, prefetch=3) for r in replicas]
+    for _ in range(4):
+        remote, local = (next(s) for s in streams)
+        assert torch.equal(remote.anchor_steps, local.anchor_steps)
+    for stream in streams:
+        stream.close()
+
+    ray_replay = replicas[0]
+    client = pickle.loads(pickle.dumps(ray_replay))
+    assert client.num_shards == 3
+    added = ray.get(ray.remote(_store).remote(ray_replay, 6))
+    assert len(set(added)) == 6 and set(ids.decode(np.array(added))[0].tolist()) <= {0, 1, 2}
+    stats = ray_replay.stats()
+    assert stats["episodes_added"] == 7 + 6
+    assert len({shard["pid"] for shard in stats["shards"]}) == 3  # one process per shard
+    for replay in replicas:
+        replay.close()
+
+    steps = ShardedReplay.create(1, 1000, seed=0, backend="ray")
+    collector = ray.remote(num_cpus=0)(_Collector).remote(steps)
+    collected = ray.get(collector.run.remote(12))
+    assert len(set(collected)) == len(collected) == steps.stats()["episodes_added"] > 0
+    steps.close()
+
+
+class _Collector:
+    """A Ray actor holding a copy of the client, as a collector on another node would."""
+
+    def __init__(self, client: ShardedReplay) -> None:
+        self.client = client
+
+    def run(self, steps: int) -> list[int]:
+        return _collect(self.client, steps)
+
+
+def test_a_killed_shard_restarts_from_its_checkpoint(cluster, tmp_path):
+    """Ray restarts a killed shard: it holds its last checkpoint, counts the episodes lost,
+    issues ids of a new incarnation and skips stale ones."""
+    replay = ShardedReplay.create(
+        2, 2000, seed=3, backend="ray", checkpoint_dir=tmp_path, checkpoint_every=2
+    )
+    kept = replay.extend(make_episode(6) for _ in range(4))  # each shard checkpoints at 2
+    lost = replay.extend(make_episode(6) for _ in range(2))
+    ray.kill(replay._shards[0], no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:  # the kill is asynchronous; calls raise while Ray restarts the actor
+        try:
+            stats = replay.stats()
+            if stats["shards"][0]["incarnation"] == 1:
+                break
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            pass
+        assert time.monotonic() < deadline, "the shard did not come back"
+        time.sleep(0.2)
+    assert stats["shards"][0]["incarnation"] == 1
+    assert stats["shards"][0]["episodes_stored"] == 2
+    assert stats["episodes_lost"] == 1 and stats["transitions_lost"] == 6
+    fresh = replay.add(make_episode(6))
+    assert ids.decode(np.array([fresh]))[1].tolist() == [1]
+    assert replay.update_priorities([lost[0], kept[0]], [40.0, 2.0]) == 1
+    batch = replay.sample_windows(64, Window(2))
+    assert lost[0] not in set(batch.episode_ids.tolist())
+    replay.close()
+
+
+def test_a_ray_learner_waits_on_the_rate_limiter(cluster):
+    """Samples wait for inserts across processes; a timed-out sample changes nothing."""
+    limiter = SampleToInsertRatio(1.0, 10, (-8.0, 40.0))
+    replay = ShardedReplay.create(2, 2000, seed=0, backend="ray", rate_limiter=limiter)
+    replay.add(make_episode(6))
+    with pytest.raises(TimeoutError, match="sample of 4"):
+        replay.sample_windows(4, Window(2), timeout=0.2)
+    ray.get(ray.remote(_store).remote(replay, 2))
+    assert replay.sample_windows(4, Window(2), timeout=5).batch_size == 4
+    assert replay.stats()["limiter"]["samples"] == 4
+    replay.close()
+
+
+def test_the_distributed_r2d2_example_trains_end_to_end(cluster, monkeypatch):
+    """examples/distributed_r2d2.py: a collector actor, a shard and the learner run a few
+    hundred steps under the rate limiter and leave a trained network (a smoke run)."""
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("matplotlib")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    example = __import__("distributed_r2d2")
+    args = example.Args(
+        total_steps=400, num_envs=2, num_collectors=1, num_shards=1, batch_size=8,
+        learning_starts=80, hidden=16, capacity=5_000, eval_interval=10**9,
+        check_episodes=1, sync_every=50,
+    )  # fmt: skip
+    result = example.train(args)
+    assert result["updates"] > 0
+    assert result["stats"]["episodes_added"] > 0
+    assert result["stats"]["limiter"]["samples"] >= 8 * result["updates"]  # + in flight
