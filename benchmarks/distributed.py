@@ -90,7 +90,7 @@ def sampling_rows(transitions: int, shards: int, batches: int) -> list[dict[str,
              "batches_per_s": rate(in_process, batches)}
         )  # fmt: skip
         for prefetch in (1, 2, 4):
-            stream = replay.iterate(BATCH, WINDOW, prefetch=prefetch)
+            stream: Any = replay.iterate(BATCH, WINDOW, prefetch=prefetch)
 
             def streamed(stream: Any = stream, compute: float = compute) -> None:
                 next(stream)
@@ -124,7 +124,9 @@ def writer_rows(shards: int, per_writer: int) -> list[dict[str, Any]]:
     rows = []
     for writers in (1, 2, 4):
         replay = ShardedReplay.create(shards, 2_000_000, seed=0)
-        actors = [ray.remote(num_cpus=0)(Writer).remote(replay, k) for k in range(writers)]
+        actors: list[Any] = [
+            ray.remote(num_cpus=0)(Writer).remote(replay, k) for k in range(writers)
+        ]
         ray.get([a.run.remote(2) for a in actors])  # warm: actors up, schema fixed
         start = time.perf_counter()
         added = sum(ray.get([a.run.remote(per_writer) for a in actors]))

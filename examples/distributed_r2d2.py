@@ -32,18 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import ray
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import r2d2_cartpole as r2d2  # noqa: E402  (the single-process example, beside this file)
 
-from lucid_replay import EpisodeWriter, RateLimiterTimeout, WindowBatch  # noqa: E402
+from lucid_replay import EpisodeWriter, RateLimiterTimeout  # noqa: E402
 from lucid_replay.distributed import SampleToInsertRatio, ShardedReplay  # noqa: E402
 
 setting = r2d2.setting
@@ -75,12 +72,6 @@ def parse_args() -> Args:
     return Args(**vars(parser.parse_args()))
 
 
-def make_vector_env(n: int) -> gym.vector.SyncVectorEnv:
-    return gym.vector.SyncVectorEnv(
-        [lambda: r2d2.HideVelocities(gym.make("CartPole-v1")) for _ in range(n)]
-    )
-
-
 # ----------------------------------------------------------------------------- actors
 
 
@@ -105,7 +96,7 @@ class Collector:
         self.args, self.parameters, self.version = args, parameters, 0
         self.seed = args.seed + 1_000 * (index + 1)
         self.rng = np.random.default_rng(self.seed)
-        self.envs = make_vector_env(args.num_envs)
+        self.envs = r2d2.make_envs(args.num_envs)
         self.net = r2d2.RecurrentQNetwork(2, 2, args.hidden)
         self.writer = EpisodeWriter(replay, num_envs=args.num_envs)
         self.share = args.total_steps // args.num_collectors
@@ -121,7 +112,7 @@ class Collector:
         """Collect this collector's share of the steps; (its step, return) per episode."""
         n = self.args.num_envs
         obs, _ = self.envs.reset(seed=self.seed)
-        self.writer.reset({"obs": obs})
+        self.writer.reset(obs)
         state = self.net.initial_state(n, torch.device("cpu"))
         prev_action = np.full(n, -1)
         resetting = np.zeros(n, dtype=bool)  # the step after an end only resets (next_step)
@@ -141,7 +132,7 @@ class Collector:
                 reward.astype(np.float32),
                 terminated,
                 truncated,
-                {"obs": obs},
+                obs,
                 prev_action=prev_action.astype(np.int64),
                 h=h_in,
                 c=c_in,
@@ -159,44 +150,6 @@ class Collector:
 
 
 # ----------------------------------------------------------------------------- learning
-
-
-def learn(learner: r2d2.Learner, replay: ShardedReplay, batch: WindowBatch, fraction: float):
-    """One update of ``examples/r2d2_cartpole.py``'s learner on a prefetched batch."""
-    args = learner.args
-    if args.anneal_lr:
-        learner.optimizer.param_groups[0]["lr"] = args.lr * (1 - fraction)
-    q, entering = learner.net.unroll(batch, args.burn_in)
-    with torch.no_grad():
-        q_target, _ = learner.target.unroll(batch, args.burn_in)
-        q_next = q_target.gather(2, q.argmax(dim=2, keepdim=True)).squeeze(2)
-    learn_region = slice(args.burn_in, args.burn_in + args.learn_length)
-    targets, has_transition = r2d2.n_step_targets(
-        batch, q_next, args.burn_in, args.learn_length, args.n_step, args.gamma
-    )
-    q_taken = q[:, learn_region].gather(2, batch["action"][:, learn_region, None]).squeeze(2)
-    mask = (batch.learning_mask & batch.validity_mask)[:, learn_region] & has_transition
-    td = torch.where(mask, targets - q_taken, torch.zeros_like(q_taken))
-    loss = batch.weights[:, None] * F.smooth_l1_loss(q_taken, targets, reduction="none")
-    loss = (loss * mask).sum() / mask.sum().clamp(min=1)
-    learner.optimizer.zero_grad()
-    loss.backward()
-    nn.utils.clip_grad_norm_(learner.net.parameters(), args.max_grad_norm)
-    learner.optimizer.step()
-    errors = torch.zeros_like(q[..., 0])
-    errors[:, learn_region] = td.detach().abs()
-    full_mask = torch.zeros_like(batch.validity_mask)
-    full_mask[:, learn_region] = mask
-    replay.update_priorities_from(batch, errors, eta=args.eta, mask=full_mask)
-    if args.write_back:  # each shard stores the refreshed states of its own records
-        replay.write_back(batch, "h", entering[0].detach())
-        replay.write_back(batch, "c", entering[1].detach())
-    with torch.no_grad():
-        pairs = zip(learner.net.parameters(), learner.target.parameters(), strict=True)
-        for online, target in pairs:
-            target.lerp_(online, args.tau)
-    learner.updates += 1
-    return loss.item()
 
 
 def start_ray(args: Args) -> None:
@@ -245,7 +198,7 @@ def train(args: Args) -> dict[str, Any]:
             stream = replay.iterate(args.batch_size, window, prefetch=args.prefetch, timeout=5.0)
             continue
         fraction = min(steps / args.total_steps, 1.0)
-        loss = learn(learner, replay, batch, fraction)
+        loss = learner.learn(batch, replay, fraction)  # the single-process example's
         if learner.updates % 25 == 0:
             stats = replay.stats()
             steps = stats["transitions_added"] - stats["episodes_added"]  # T + 1 records each

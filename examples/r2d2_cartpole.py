@@ -284,11 +284,17 @@ class Learner:
         self.updates = 0
 
     def update(self, buffer: PrioritizedSequenceReplay, window: Window, fraction: float) -> float:
+        # REPLAY: windows by priority, with importance weights, gathered onto the device
+        batch = buffer.sample_windows(self.args.batch_size, window, device=self.args.device)
+        return self.learn(batch, buffer, fraction)
+
+    def learn(self, batch: WindowBatch, buffer: Any, fraction: float) -> float:
+        """One gradient step on ``batch``; its priorities and states go back to ``buffer``
+        (a replay or a sharded replay client: anything with update_priorities_from and
+        write_back)."""
         args = self.args
         if args.anneal_lr:  # Q-learning on CartPole oscillates; a shrinking step settles it
             self.optimizer.param_groups[0]["lr"] = args.lr * (1 - fraction)
-        # REPLAY: windows by priority, with importance weights, gathered onto the device
-        batch = buffer.sample_windows(args.batch_size, window, device=args.device)
         q, entering = self.net.unroll(batch, args.burn_in)
         with torch.no_grad():
             q_target, _ = self.target.unroll(batch, args.burn_in)

@@ -232,27 +232,27 @@ class AnchorSampler:
 
     def draw_round(
         self, count: int, span: int, *, alpha: float | None, generator: torch.Generator
-    ) -> tuple[Anchors, int]:
+    ) -> tuple[Anchors, torch.Tensor]:
         """One round of a draw coordinated across several samplers.
 
         ``count`` draws from the current masses; the ones within the reuse limit are kept
-        (and counted), none is redrawn. Returns the kept anchors, in draw order, and how
-        many were refused. Repeating rounds for the refused ones from the masses of the
-        moment reproduces `draw` draw for draw (a refused draw exhausted its episode, which
-        then has mass 0). The caller checks that the mass is positive.
+        (and counted), none is redrawn. Returns the kept anchors, in draw order, and which
+        of the ``count`` draws were kept (bool ``[count]``, on the CPU). Repeating rounds
+        for the refused ones from the masses of the moment reproduces `draw` draw for draw
+        (a refused draw exhausted its episode, which then has mass 0). The caller checks
+        that the mass is positive.
         """
         tree = self.tree(span, alpha)
         rows, steps = self._draw_rows(tree, count, span, generator)
-        rows, steps = arrays.tensor(rows), arrays.tensor(steps)
         if self.reuse_limit is None:
-            _count_draws(self.table.arrays["times_sampled"], arrays.engine(rows))
-            return self._anchors(arrays.engine(rows), arrays.engine(steps), alpha), 0
+            _count_draws(self.table.arrays["times_sampled"], rows)
+            return self._anchors(rows, steps, alpha), torch.ones(count, dtype=torch.bool)
+        rows, steps = arrays.tensor(rows), arrays.tensor(steps)
         allowance = self.reuse_limit - self.table.times_sampled[rows]
         keep = _occurrence_rank(rows) < allowance
         rows, steps = rows[keep], steps[keep]
         self._count_draws_within_limit(rows)
-        kept = self._anchors(arrays.engine(rows), arrays.engine(steps), alpha)
-        return kept, count - int(rows.numel())
+        return self._anchors(arrays.engine(rows), arrays.engine(steps), alpha), keep.cpu()
 
     def _anchors(self, rows: Array, steps: Array, alpha: float | None) -> Anchors:
         column = self.table.arrays

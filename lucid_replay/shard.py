@@ -27,7 +27,6 @@ from lucid_replay.checks import as_vector
 from lucid_replay.errors import must
 from lucid_replay.gather import chunk_batch, new_batch
 from lucid_replay.prioritized import PrioritizedSequenceReplay
-from lucid_replay.sampling import Anchors, _occurrence_rank
 from lucid_replay.window import Window
 
 __all__: list[str] = []  # internal module
@@ -89,7 +88,12 @@ class ShardHooks:
         target = buffer._batch_device(device)
         with buffer._lock:
             core = buffer._core
-            anchors, kept = self._round(count, window.anchor_span, core.alpha(prioritized))
+            anchors, kept = core.sampler.draw_round(
+                count,
+                window.anchor_span,
+                alpha=core.alpha(prioritized),
+                generator=core.generator,
+            )
             core.chunks_sampled += anchors.steps.numel()
             store = core.store
             if chunks:
@@ -104,25 +108,6 @@ class ShardHooks:
             store.reclaim_retired()
         priorities = None if anchors.priorities is None else arrays.tensor(anchors.priorities)
         return batch, priorities, kept
-
-    def _round(self, count: int, span: int, alpha: float | None) -> tuple[Anchors, torch.Tensor]:
-        """The sampler's `draw_round`, also returning the kept mask (lock held)."""
-        core = self.buffer._core
-        sampler = core.sampler
-        if sampler.reuse_limit is None:
-            anchors, _ = sampler.draw_round(count, span, alpha=alpha, generator=core.generator)
-            return anchors, torch.ones(count, dtype=torch.bool)
-        # The same steps as `AnchorSampler.draw_round`, keeping the mask it computes
-        # (tests/test_shard.py checks both agree draw for draw).
-        tree = sampler.tree(span, alpha)
-        rows, steps = sampler._draw_rows(tree, count, span, core.generator)
-        rows, steps = arrays.tensor(rows), arrays.tensor(steps)
-        allowance = sampler.reuse_limit - sampler.table.times_sampled[rows]
-        keep = _occurrence_rank(rows) < allowance
-        rows, steps = rows[keep], steps[keep]
-        sampler._count_draws_within_limit(rows)
-        anchors = sampler._anchors(arrays.engine(rows), arrays.engine(steps), alpha)
-        return anchors, keep.cpu()
 
     def update(self, ids: Any, errors: Any) -> tuple[int, float | None]:
         """`update_priorities` of ids this shard issued; also the largest priority applied.
