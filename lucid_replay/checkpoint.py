@@ -294,13 +294,17 @@ def construct(state: Mapping[str, Any], expected: type[_T], device: object) -> _
         raise CheckpointError(f"checkpoint configuration must be valid, got {error}") from None
 
 
-def check_header(state: object) -> None:
-    """Refuse states of another format or of a version this package cannot read."""
+def check_header(state: object, class_name: str | None = None) -> None:
+    """Refuse a state of another format, an unreadable version, or (given one) another class."""
     if not isinstance(state, Mapping) or state.get("format") != FORMAT:
         raise CheckpointError(f"state must be a {FORMAT!r} checkpoint, got {_describe(state)}")
     if state.get("version") not in READABLE_VERSIONS:
         raise CheckpointError(
             f"checkpoint version must be one of {READABLE_VERSIONS}, got {state.get('version')!r}"
+        )
+    if class_name is not None and state.get("class") != class_name:
+        raise CheckpointError(
+            f"checkpoint class must be a {class_name}, got {state.get('class')!r}"
         )
 
 

@@ -15,7 +15,7 @@ import atexit
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from lucid_replay import forks
@@ -123,9 +123,22 @@ def _produce(
         hand_over(_Failure(error))
 
 
-def iterate_in_background(draw: Callable[[], _Item], depth: int) -> Iterator[_Item]:
-    """A `Prefetcher` of ``draw`` keeping up to ``depth`` items ready."""
-    return Prefetcher(draw, depth)
+def recycling(draw_into: Callable[[_Item | None], _Item], slots: int) -> Callable[[], _Item]:
+    """A draw into a ring of ``slots`` items: ``draw_into(previous item of the slot)``.
+
+    With ``slots = depth + 2`` a `Prefetcher` never overwrites an item still in use: the
+    worker fills item ``n`` while the consumer holds item ``n - depth - 1`` at the latest.
+    """
+    ring: list[_Item | None] = [None] * slots
+    drawn = [0]
+
+    def draw() -> _Item:
+        slot = drawn[0] % slots
+        item = draw_into(ring[slot])
+        ring[slot], drawn[0] = item, drawn[0] + 1
+        return item
+
+    return draw
 
 
 # Workers of iterators still running when the interpreter exits: a daemon thread killed in the

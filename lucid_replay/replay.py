@@ -20,9 +20,9 @@ from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch, record_posi
 from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
-from lucid_replay.errors import CheckpointError, must, wrong_type
+from lucid_replay.errors import must, wrong_type
 from lucid_replay.gather import check_out
-from lucid_replay.prefetch import Prefetcher
+from lucid_replay.prefetch import Prefetcher, recycling
 from lucid_replay.schema import Schema
 from lucid_replay.window import MAX_RECORDS, Window, check_window
 
@@ -255,14 +255,8 @@ class SequenceReplay:
         with self._lock:
             if out is not None:
                 kind = PrioritizedBatch if prioritized else Batch
-                check_out(
-                    out,
-                    kind,
-                    (batch_size, length),
-                    self._core.store.schema,
-                    target,
-                    weights=prioritized,
-                )
+                schema = self._core.store.schema
+                check_out(out, kind, (batch_size, length), schema, target, weights=prioritized)
             return self._core.chunks(batch_size, length, target, prioritized=prioritized, out=out)
 
     def sample_windows(
@@ -289,15 +283,8 @@ class SequenceReplay:
         target = self._out_device(device, out)
         with self._lock:
             if out is not None:
-                shape = (batch_size, window.size)
-                check_out(
-                    out,
-                    WindowBatch,
-                    shape,
-                    self._core.store.schema,
-                    target,
-                    weights=use_priorities,
-                )
+                shape, schema = (batch_size, window.size), self._core.store.schema
+                check_out(out, WindowBatch, shape, schema, target, weights=use_priorities)
             return self._core.windows(
                 batch_size, window, target, prioritized=use_priorities, out=out
             )
@@ -400,22 +387,11 @@ class SequenceReplay:
         if not isinstance(recycle, bool):
             raise wrong_type("recycle", "a bool", recycle)
         target = self._batch_device(device)
-        if not recycle:
-            return Prefetcher(
-                lambda: self.sample_windows(batch_size, window, device=target), prefetch
-            )
-        ring: list[WindowBatch | None] = [None] * (prefetch + 2)
-        drawn = [0]
 
-        def draw_into_ring() -> WindowBatch:
-            # The worker fills slot n while the consumer holds slot n - prefetch - 1 at the
-            # earliest: ring + queue never hand out a slot still in use.
-            slot = drawn[0] % len(ring)
-            batch = self.sample_windows(batch_size, window, device=target, out=ring[slot])
-            ring[slot], drawn[0] = batch, drawn[0] + 1
-            return batch
+        def draw(out: WindowBatch | None = None) -> WindowBatch:
+            return self.sample_windows(batch_size, window, device=target, out=out)
 
-        return Prefetcher(draw_into_ring, prefetch)
+        return Prefetcher(recycling(draw, prefetch + 2) if recycle else draw, prefetch)
 
     # ------------------------------------------------------------------------- reporting
     def stats(self) -> dict[str, int]:
@@ -461,11 +437,7 @@ class SequenceReplay:
             priorities.
         """
         with self._lock:
-            checkpoint.check_header(state)
-            if state.get("class") != type(self).__name__:
-                raise CheckpointError(
-                    f"checkpoint class must be a {type(self).__name__}, got {state.get('class')!r}"
-                )
+            checkpoint.check_header(state, type(self).__name__)
             snapshot = checkpoint.unpack(state, device=self._device, capacity=self._capacity)
             self._core.restore(snapshot, self._config())
 
