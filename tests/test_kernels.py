@@ -15,7 +15,8 @@ from conftest import make_episode
 
 import lucid_replay.arrays
 import lucid_replay.kernels
-from lucid_replay import PrioritizedSequenceReplay, Window
+from lucid_replay import Episode, PrioritizedSequenceReplay, Window
+from lucid_replay.schema import SUPPORTED_DTYPES
 
 pytestmark = pytest.mark.skipif(
     lucid_replay.kernels.get() is None, reason="numba is not installed: no kernels to compare"
@@ -70,3 +71,37 @@ def test_every_engine_draws_identical_batches(monkeypatch):
             got = runs[name][index]
             for field, value in _fields(expected).items():
                 assert torch.equal(_fields(got)[field], value), (name, index, field)
+
+
+def _typed_episode(length: int, first: int) -> dict[str, torch.Tensor]:
+    """Steps of every storable dtype, in field shapes ``()``, ``(3,)`` and ``(2, 0)``."""
+    serial = torch.arange(first, first + length)
+    steps: dict[str, torch.Tensor] = {"serial": serial}
+    for dtype in SUPPORTED_DTYPES:
+        values = (serial[:, None] * 7 + torch.arange(3)) % 101
+        if dtype == torch.bool:
+            values = values % 2 == 0
+        elif dtype.is_complex:
+            values = torch.complex(values.double(), -values.double())
+        steps[str(dtype).removeprefix("torch.")] = values.to(dtype)
+    steps["scalar"] = serial.to(torch.float16)
+    steps["empty"] = torch.zeros(length, 2, 0)
+    return steps
+
+
+def test_repairs_of_clamped_records_are_the_same_bytes_for_every_dtype(monkeypatch):
+    """The compiled byte-row repair writes padded records exactly as numpy and torch do."""
+    batches = {}
+    for name in ("kernels", "numpy", "torch"):
+        _engine(name, monkeypatch)
+        buffer = PrioritizedSequenceReplay(capacity=2_000, seed=3)
+        for index in range(20):
+            buffer.add(Episode(_typed_episode(60, 60 * index), terminated=index % 2 == 0))
+        batches[name] = buffer.sample_windows(64, Window(8, burn_in=6, bootstrap=3))
+    expected = batches["numpy"]
+    assert not bool(expected.validity_mask.all())  # some records were clamped and repaired
+    for field, values in expected.data.items():
+        serial = expected["serial"]  # a padded record repeats its episode's edge step
+        assert torch.equal(values, _typed_episode(2_000, 0)[field][serial])
+        for name in ("kernels", "torch"):
+            assert torch.equal(batches[name].data[field], values), (name, field)

@@ -124,3 +124,18 @@ def test_schema_state_round_trip_and_refusals():
         Schema.from_state({"a": [[True], "torch.float32"]})
     with pytest.raises(TypeError):
         Schema.from_state([["a", [2], "torch.float32"]])
+
+
+def test_a_field_with_no_elements_per_step_goes_through_every_path():
+    """A field of shape ``(2, 0)`` is stored, gathered (runs, repairs, record by record
+    across episodes), written back and restored (it failed to reshape before)."""
+    buffer = PrioritizedSequenceReplay(capacity=50, seed=0)
+    for _ in range(12):  # wraps the ring
+        buffer.add(Episode({"x": torch.arange(7.0), "e": torch.zeros(7, 2, 0)}, terminated=True))
+    assert buffer.sample(8, 3)["e"].shape == (8, 3, 2, 0)
+    assert buffer.sample_windows(8, Window(3, burn_in=4, bootstrap=2))["e"].shape == (8, 9, 2, 0)
+    across = buffer.sample_windows(8, Window(3, burn_in=2, bootstrap=2, boundary="include_reset"))
+    assert across["e"].shape == (8, 7, 2, 0)
+    assert buffer.write_back(across, "e", torch.zeros(8, 7, 2, 0)) > 0
+    buffer.load_state_dict(buffer.state_dict())
+    assert buffer[buffer.episode_ids[0]]["e"].shape == (7, 2, 0)
