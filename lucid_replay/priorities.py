@@ -21,8 +21,9 @@ import torch
 
 from lucid_replay import arrays, kernels
 from lucid_replay.arrays import Array
+from lucid_replay.batch import WindowBatch
 from lucid_replay.checks import as_tensor, check_float
-from lucid_replay.errors import CheckpointError, must, must_have
+from lucid_replay.errors import CheckpointError, must, must_have, wrong_kind
 
 __all__: list[str] = []  # internal module
 
@@ -168,6 +169,33 @@ def window_priorities(
     if not bool(count.all()):  # windows without a counted record carry no signal
         ids, mixed = ids[count > 0], mixed[count > 0]
     return arrays.tensor(ids), arrays.tensor(mixed)
+
+
+def batch_errors(
+    batch: object, errors: Any, *, eta: float, mask: Any
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``update_priorities_from``'s arguments, checked: ``(episode ids, values, mixed)``.
+
+    ``[B]`` errors come back as they are, with the anchors' ids (``mixed=False``: they still
+    go through ``update_priorities``' checks); ``[B, W]`` errors as the `window_priorities`
+    of the windows with a counted record (``mixed=True``).
+    """
+    eta = check_float("eta", eta, minimum=0.0, maximum=1.0)
+    if not isinstance(batch, WindowBatch):
+        raise wrong_kind("batch", "a WindowBatch", type(batch).__name__)
+    values = as_tensor("errors", errors)
+    if tuple(values.shape) == tuple(batch.validity_mask.shape[:1]):
+        return batch.episode_ids, values, False
+    ids, mixed = window_priorities(
+        batch.learning_mask,
+        batch.validity_mask,
+        batch.record_episode_ids,
+        batch.episode_ids,
+        values,
+        eta=eta,
+        mask=mask,
+    )
+    return ids, mixed, True
 
 
 def _reduce_rows(

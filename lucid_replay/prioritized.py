@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
-from lucid_replay.checks import as_tensor, as_vector, check_float
-from lucid_replay.errors import must, wrong_kind
-from lucid_replay.priorities import Priorities, window_priorities
+from lucid_replay.checks import as_vector, check_float
+from lucid_replay.errors import must
+from lucid_replay.priorities import Priorities, batch_errors
 from lucid_replay.replay import SequenceReplay
 
 __all__ = ["PrioritizedSequenceReplay"]
@@ -209,22 +209,9 @@ class PrioritizedSequenceReplay(SequenceReplay):
         that have no TD error (for example a step with nothing after it to bootstrap from). A
         window left with no counted record keeps its episode's priority.
         """
-        eta = check_float("eta", eta, minimum=0.0, maximum=1.0)
-        if not isinstance(batch, WindowBatch):
-            raise wrong_kind("batch", "a WindowBatch", type(batch).__name__)
-        shape = tuple(batch.validity_mask.shape)
-        values = as_tensor("errors", errors)
-        if tuple(values.shape) == shape[:1]:
-            return self.update_priorities(batch.episode_ids, values)
-        ids, mixed = window_priorities(
-            batch.learning_mask,
-            batch.validity_mask,
-            batch.record_episode_ids,
-            batch.episode_ids,
-            values,
-            eta=eta,
-            mask=mask,
-        )
+        ids, mixed, per_record = batch_errors(batch, errors, eta=eta, mask=mask)
+        if not per_record:
+            return self.update_priorities(ids, mixed)
         priorities = self._priorities.of_errors(mixed.to(self._device))
         with self._lock:
             return self._core.apply_priorities(ids.to(self._device), priorities)

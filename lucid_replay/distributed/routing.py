@@ -23,10 +23,10 @@ import lucid_replay.distributed.coordination as coordination
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.settings as settings
 import lucid_replay.distributed.transport as transport
-from lucid_replay.batch import WindowBatch, record_positions
-from lucid_replay.checks import as_tensor, as_vector, check_float
+from lucid_replay.batch import record_positions
+from lucid_replay.checks import as_vector
 from lucid_replay.errors import must, wrong_kind
-from lucid_replay.priorities import window_priorities
+from lucid_replay.priorities import batch_errors
 from lucid_replay.schema import Schema
 
 __all__: list[str] = []  # internal module
@@ -99,22 +99,10 @@ def _never_issued(
 
 def from_batch(replay: Any, batch: Any, errors: Any, *, eta: float, mask: Any) -> int:
     """`ShardedReplay.update_priorities_from`."""
-    eta = check_float("eta", eta, minimum=0.0, maximum=1.0)
-    if not isinstance(batch, WindowBatch):
-        raise wrong_kind("batch", "a WindowBatch", type(batch).__name__)
-    values = as_tensor("errors", errors)
-    if tuple(values.shape) == tuple(batch.validity_mask.shape[:1]):
-        return update(replay, batch.episode_ids, values)
-    episode_ids, mixed = window_priorities(
-        batch.learning_mask,
-        batch.validity_mask,
-        batch.record_episode_ids,
-        batch.episode_ids,
-        values,
-        eta=eta,
-        mask=mask,
-    )
-    return update(replay, torch.as_tensor(episode_ids).cpu(), torch.as_tensor(mixed).cpu())
+    episode_ids, values, per_record = batch_errors(batch, errors, eta=eta, mask=mask)
+    if not per_record:
+        return update(replay, episode_ids, values)
+    return update(replay, episode_ids.cpu(), values.cpu())
 
 
 def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:
