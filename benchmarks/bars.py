@@ -104,7 +104,7 @@ BARS = (
     BarSpec(
         name="prioritized sample-only vs TorchRL (hot boundary cache)",
         numerator="torchrl.prioritized",
-        denominator="lucid.prioritized",
+        denominator="lucid.prioritized.paired",
         limit=2.5,
         at_most=False,
         fmt="{:.1f}x faster",
@@ -140,7 +140,7 @@ BARS = (
     BarSpec(
         name="uniform sample-only vs TorchRL's RandomSampler (hot boundary cache)",
         numerator="torchrl.uniform",
-        denominator="lucid.uniform",
+        denominator="lucid.uniform.paired",
         limit=None,
         at_most=False,
         fmt="{:.1f}x faster",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -141,6 +141,40 @@ def loop_call(
 
 def loop_row(config: Config, timing: Timing) -> Row:
     return Row.timed("lucid.loop", LOOP_LABEL.format(config.add_len), timing)
+
+
+# TorchRL row id -> (lucid_replay row id, label) of the call timed beside it.
+PAIRED = {
+    "torchrl.loop": ("lucid.loop", LOOP_LABEL),
+    "torchrl.uniform": (
+        "lucid.uniform.paired",
+        "lucid_replay sample_windows, uniform, in blocks beside TorchRL's",
+    ),
+    "torchrl.prioritized": (
+        "lucid.prioritized.paired",
+        "lucid_replay sample_windows, prioritized, in blocks beside TorchRL's",
+    ),
+}
+
+
+def torchrl_partners(
+    config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
+) -> dict[str, Callable[[], object]]:
+    """By TorchRL row id, the lucid_replay call timed beside it (see `PAIRED`)."""
+    window = reference_window(config)
+    return {
+        "torchrl.loop": loop_call(config, buffer, episode),
+        "torchrl.uniform": lambda: buffer.sample_windows(config.batch, window, prioritized=False),
+        "torchrl.prioritized": lambda: buffer.sample_windows(config.batch, window),
+    }
+
+
+def paired_rows(config: Config, timings: Mapping[str, Timing]) -> list[Row]:
+    """The rows of the partners timed beside TorchRL's rows (by TorchRL row id)."""
+    return [
+        Row.timed(PAIRED[key][0], PAIRED[key][1].format(config.add_len), timing)
+        for key, timing in timings.items()
+    ]
 
 
 def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode) -> list[Row]:

@@ -145,23 +145,22 @@ def measure_pass(args: argparse.Namespace) -> Pass:
     if only("naive"):
         log("naive baseline")
         rows += naive.naive_rows(config, dataset, errors, episode_steps)
-    loop_timing = None
     if needs_buffer:
         episode = lucid_rows.add_episode(config, dataset)
     if only("torchrl"):
-        log("TorchRL (its loop in rounds with lucid_replay's)")
-        partner = lucid_rows.loop_call(config, buffer, episode) if only("lucid.loop") else None
-        torchrl, loop_timing = torchrl_rows.torchrl_rows(
-            config, dataset, errors, episode_steps, only, partner
+        log("TorchRL (each row with a lucid_replay partner in rounds with it)")
+        partners = lucid_rows.torchrl_partners(config, buffer, episode) if needs_buffer else {}
+        torchrl, paired = torchrl_rows.torchrl_rows(
+            config, dataset, errors, episode_steps, only, partners
         )
         rows += torchrl
+        rows += [r for r in lucid_rows.paired_rows(config, paired) if only(r.id)]
     if needs_buffer:
-        if only("lucid.loop"):
-            if loop_timing is None:
-                log("lucid_replay loop")
-                step = lucid_rows.loop_call(config, buffer, episode)
-                loop_timing = measure(step, reps=config.reps, warmup=config.warmup)
-            rows.append(lucid_rows.loop_row(config, loop_timing))
+        if only("lucid.loop") and not any(r.id == "lucid.loop" for r in rows):
+            log("lucid_replay loop")
+            step = lucid_rows.loop_call(config, buffer, episode)
+            timing = measure(step, reps=config.reps, warmup=config.warmup)
+            rows.append(lucid_rows.loop_row(config, timing))
         if only("add"):
             log("add")
             rows += lucid_rows.add_rows(config, buffer, episode)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -54,17 +54,23 @@ def torchrl_rows(
     errors: torch.Tensor,
     episode: dict[str, torch.Tensor],
     only: Only,
-    partner_loop: Callable[[], object] | None = None,
-) -> tuple[list[Row], Timing | None]:
-    """TorchRL's rows, and the timing of ``partner_loop`` (lucid_replay's loop step), which is
-    timed in alternating blocks with TorchRL's loop so that the loop bar compares calls made
-    under the same load (None when TorchRL's loop is not measured).
+    partners: Mapping[str, Callable[[], object]] | None = None,
+) -> tuple[list[Row], dict[str, Timing]]:
+    """TorchRL's rows, and the timings of their ``partners`` (by TorchRL row id).
+
+    A TorchRL row with a partner (lucid_replay's loop step for ``torchrl.loop``, its
+    ``sample_windows`` for the sample-only rows) is timed in alternating blocks of 10 calls
+    with it, so that the bar comparing the two compares calls made under the same load and
+    the same cache conditions: each runs in its steady state (TorchRL's boundary cache hot,
+    lucid_replay's own memory as its previous call left it). Partners of rows that are not
+    measured have no timing.
 
     TorchRL is imported here, not at module level, so that the benchmarks import wherever
     lucid_replay does; its prioritized samplers need its C++ extension, which loads only with
     the torch it was built against (rows that need it report "not measured" otherwise).
     """
-    partner: Timing | None = None
+    partners = {} if partners is None else partners
+    paired: dict[str, Timing] = {}
     try:
         # no py.typed in either package
         from tensordict import TensorDict  # type: ignore[import-untyped]
@@ -83,7 +89,7 @@ def torchrl_rows(
     except ImportError as error:
         return [
             Row.not_measured(k, v, f"torchrl not importable ({error})") for k, v in LABELS.items()
-        ], None
+        ], paired
     logging.getLogger("torchrl").setLevel(logging.WARNING)
 
     capacity = config.transitions
@@ -115,11 +121,18 @@ def torchrl_rows(
             done_key="done",
         )
 
+    def timed(row_id: str, call: Callable[[], object]) -> Timing:
+        """``call``'s timing: beside its partner in blocks of 10 if it has one, else alone."""
+        if row_id not in partners:
+            return measure(call, reps=reps, warmup=warmup)
+        calls = {row_id: call, "partner": partners[row_id]}
+        timings = measure_rounds(calls, block=10, reps=reps, warmup=warmup)
+        paired[row_id] = timings["partner"]
+        return timings[row_id]
+
     def sample_row(row_id: str, sample: Callable[[], object], note: str) -> Row:
         """Time a sample-only call (no writes: a ``Sequence`` boundary cache stays hot)."""
-        return Row.timed(
-            row_id, LABELS[row_id], measure(sample, reps=reps, warmup=warmup), note=note
-        )
+        return Row.timed(row_id, LABELS[row_id], timed(row_id, sample), note=note)
 
     rows: list[Row] = []
     if only("torchrl.uniform"):
@@ -163,17 +176,11 @@ def torchrl_rows(
                     )
                 )
             if only("torchrl.loop"):
-                loops: dict[str, Callable[[], object]] = {"torchrl.loop": loop}
-                if partner_loop is not None:
-                    loops["partner"] = partner_loop
-                # Blocks of 10: each loop runs in its steady state, the load is shared.
-                timings = measure_rounds(loops, block=10, reps=reps, warmup=warmup)
-                partner = timings.get("partner")
                 rows.append(
                     Row.timed(
                         "torchrl.loop",
                         LABELS["torchrl.loop"],
-                        timings["torchrl.loop"],
+                        timed("torchrl.loop", loop),
                         note="each extend invalidates the boundary cache",
                     )
                 )
@@ -203,7 +210,7 @@ def torchrl_rows(
             rows.append(sample_row("torchrl.prioritized_slice", rb.sample, "reference only"))
             del rb
             release()
-    return rows, partner
+    return rows, paired
 
 
 def torchrl_memory_row(config: Config) -> Row:

@@ -19,6 +19,7 @@ import torch
 
 from lucid_replay import arrays, checkpoint
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
+from lucid_replay.blocks import Blocks
 from lucid_replay.episode import Episode
 from lucid_replay.gather import chunk_batch, new_batch, record_arrays, window_batch
 from lucid_replay.priorities import Priorities
@@ -62,6 +63,7 @@ class ReplayCore:
         self.generator = generator
         self.priorities: Priorities | None = None
         self.chunks_sampled = 0
+        self.blocks = Blocks()  # the memory of returned batches, reused once unreferenced
 
     # ---------------------------------------------------------------------------- adding
     def add(self, episode: Episode, schema: Schema) -> int:
@@ -114,6 +116,7 @@ class ReplayCore:
                 self.store.schema,
                 target,
                 weights=kind is PrioritizedBatch,
+                blocks=self.blocks,
             )
         anchors = self.draw(batch_size, Window(length), prioritized=prioritized)
         assert out is not None  # the draw refused an empty buffer (no schema yet)
@@ -134,7 +137,9 @@ class ReplayCore:
         if out is None and self.store.schema is not None:  # the batch first: see new_batch
             shape = (batch_size, window.size)
             weights = self.alpha(prioritized) is not None
-            out = new_batch(WindowBatch, shape, self.store.schema, target, weights=weights)
+            out = new_batch(
+                WindowBatch, shape, self.store.schema, target, weights=weights, blocks=self.blocks
+            )
         anchors = self.draw(batch_size, window, prioritized=prioritized)  # sampling
         batch = self.assemble(anchors, window, target, out)  # window, then batch
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
@@ -153,7 +158,9 @@ class ReplayCore:
             assert self.store.schema is not None  # anchors are stored steps
             shape = (int(anchors.rows.shape[0]), window.size)
             weights = anchors.weights is not None
-            out = new_batch(WindowBatch, shape, self.store.schema, target, weights=weights)
+            out = new_batch(
+                WindowBatch, shape, self.store.schema, target, weights=weights, blocks=self.blocks
+            )
         into = None if window.boundary == "include_reset" else record_arrays(out, table.device)
         records = expand(table, anchors, window, into)
         return window_batch(self.store.ring, table, anchors, records, window, target, out)

@@ -18,8 +18,8 @@ from typing import TypeVar
 import torch
 
 from lucid_replay import arrays
-from lucid_replay.arrays import Array
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
+from lucid_replay.blocks import Blocks
 from lucid_replay.errors import must, must_have, wrong_kind
 from lucid_replay.sampling import Anchors
 from lucid_replay.schema import Schema
@@ -46,14 +46,9 @@ def chunk_batch(
     ``out`` (on ``target``) is a `PrioritizedBatch` for a prioritized draw; see `new_batch`.
     """
     first = table.start[anchors.rows] + anchors.steps
-    record = layout(Window(length), ring.device).record
-
-    def offsets_at(positions: Array | None) -> Array:  # only across the ring's seam
-        every = arrays.engine(first.unsqueeze(1) + record)
-        return every if positions is None else every.reshape(-1)[positions]
 
     def read(into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        return ring.gather_runs(first, length, 1, offsets_at, None, table.oldest_offset, into)
+        return ring.gather_runs(first, length, 1, None, None, table.oldest_offset, into)
 
     gather(ring, (int(first.shape[0]), length), target, read, out.data)
     out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
@@ -84,7 +79,7 @@ def window_batch(
             records.first_offsets,
             window.size,
             window.dilation,
-            records.offsets_at,
+            records.parts(),
             records.valid if records.clamped else None,  # the records that were not clamped
             table.oldest_offset,
             into,
@@ -120,16 +115,22 @@ def new_batch(
     device: torch.device,
     *,
     weights: bool,
+    blocks: Blocks | None = None,
 ) -> _B:
-    """An empty ``kind`` batch of ``shape`` records, all its tensors in one allocation.
+    """An empty ``kind`` batch of ``shape`` records, all its tensors in one block.
 
-    One block per batch, allocated before anything else of the draw: a stock allocator then
-    hands the next batch the block the previous one freed, as it does for a plain gather,
-    instead of growing and trimming its heap around a dozen outputs and the temporaries
-    between them (which faults hundreds of pages back in per call).
+    One block per batch, taken before anything else of the draw: from ``blocks`` if given
+    (a block no earlier batch refers to any more), else newly allocated. A stock allocator
+    then hands the next batch the block the previous one freed, as it does for a plain
+    gather, instead of growing and trimming its heap around a dozen outputs and the
+    temporaries between them (which faults hundreds of pages back in per call).
     """
     total, views = _block_layout(kind, shape, schema, weights)
-    block = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+    size = max(total, 1)
+    if blocks is None:
+        block = torch.empty(size, dtype=torch.uint8, device=device)
+    else:
+        block = blocks.take(size, device)
     typed: dict[torch.dtype, torch.Tensor] = {}  # the block as each dtype (offsets align)
     tensors: dict[str, torch.Tensor | None] = {}
     for name, dims, strides, dtype, offset in views:

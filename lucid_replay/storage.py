@@ -7,7 +7,7 @@ offset lives in ring slot ``offset % capacity``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -30,7 +30,9 @@ class TransitionRing:
         self.device = device
         self.fields: dict[str, torch.Tensor] = {}
         self._host_fields: dict[str, np.ndarray] | None = None
-        self._host_rows: dict[str, np.ndarray] = {}  # CPU fields as uint8 [capacity, row bytes]
+        # Where each CPU field's memory is, and its bytes per record, for the compiled gather.
+        self._addresses = self._row_bytes = _NO_STARTS
+        self._runs_scratch = np.empty((3, 0), dtype=np.int64)
         self._scratch: dict[str, torch.Tensor] = {}
         # Pinned host buffers for gathers to an accelerator, by batch shape, and the event
         # after which their last copy out has finished.
@@ -62,9 +64,13 @@ class TransitionRing:
             self._host_fields = {name: store.numpy() for name, store in fields.items()}
         except TypeError:  # not on CPU, or a dtype numpy lacks
             self._host_fields = None
-        self._host_rows = {}
-        if self.device.type == "cpu":  # byte rows of every dtype, for the compiled repairs
-            self._host_rows = {name: _byte_rows(t, self.capacity) for name, t in fields.items()}
+        self._addresses = self._row_bytes = _NO_STARTS
+        if self.device.type == "cpu":
+            self._addresses = np.array([t.data_ptr() for t in fields.values()], dtype=np.int64)
+            self._row_bytes = np.array(
+                [math.prod(t.shape[1:]) * t.element_size() for t in fields.values()],
+                dtype=np.int64,
+            )
 
     def write(
         self,
@@ -169,7 +175,7 @@ class TransitionRing:
         first_offsets: torch.Tensor,
         size: int,
         stride: int,
-        offsets_at: Callable[[Array | None], Array],
+        records: tuple[Array, Array] | None,
         exact: torch.Tensor | None,
         oldest_offset: int,
         out: Mapping[str, torch.Tensor] | None = None,
@@ -177,19 +183,52 @@ class TransitionRing:
         """Gather ``B`` runs of ``size`` records (``[B, size, *field_shape]``).
 
         Run ``b`` holds the transitions at offsets ``first_offsets[b] + stride * k``, except the
-        records where ``exact`` is False, which hold other offsets (clamped records;
-        ``exact=None`` means none are). ``offsets_at(positions)`` gives the offsets of the
-        records at flat positions ``b * size + k`` (all of them, ``[B, size]``, for ``None``),
-        so that they are computed only for the records that need them.
+        records where ``exact`` is False (clamped records; ``exact=None`` means none are),
+        which hold the offsets ``starts[b] + steps[b, k]`` of ``records = (starts, steps)``
+        (`arrays` engine, ``[B]`` and ``[B, size]``; ``None`` only with ``exact=None``).
 
-        Each run is read as one block through a strided view of the ring, which copies about
-        30% faster than gathering its records one by one, and the inexact records are then
-        repaired with a per-record gather. A batch with a run across the ring's seam (rare in
-        a large ring), or with more than a quarter of its records to repair (windows much
-        longer than the episodes), is gathered record by record instead.
+        Each run is read as one block through a strided view of the ring (about 30% faster
+        than gathering its records one by one). With the compiled kernels, CPU storage and
+        ``out`` on CPU, one kernel call then copies the clamped records and the runs across
+        the ring's seam; with one torch thread it copies the runs too, as blocks of memory
+        (``index_select`` splits its copy across torch's intra-op threads, which pays once
+        there are several: a copy of MBs is bound by memory bandwidth, which one core does
+        not saturate). Without the kernels the clamped records are repaired by a per-record
+        gather, and a batch with a run across the seam, or with more than a quarter of its
+        records to repair, is gathered record by record.
         """
         span = 1 + stride * (size - 1)
         firsts = arrays.engine(first_offsets) % self.capacity  # raw offsets may be negative
+        compiled = kernels.get() if isinstance(firsts, np.ndarray) else None  # on CPU
+        if compiled is not None and out is not None and _on_cpu(out):
+            # Runs that are clamped or cross the seam read any run in range: the kernel
+            # overwrites them.
+            whole = torch.get_num_threads() > 1 and span <= self.capacity
+            if whole:
+                positions = torch.from_numpy(np.minimum(firsts, self.capacity - span))
+                for name, store in self.fields.items():
+                    torch.index_select(_runs(store, size, stride), 0, positions, out=out[name])
+            starts, steps = (_NO_STARTS, _NO_STEPS) if records is None else records
+            compiled["gather_records"](
+                np.array([out[name].data_ptr() for name in self.fields], dtype=np.int64),
+                self._addresses,
+                self._row_bytes,
+                whole,
+                np.ascontiguousarray(arrays.engine(first_offsets)),
+                stride,
+                size,
+                _ALL_EXACT if exact is None else np.ascontiguousarray(arrays.engine(exact)),
+                np.ascontiguousarray(starts),
+                np.ascontiguousarray(steps),
+                self.capacity,
+                oldest_offset - oldest_offset % self.capacity,
+                self._scratch_runs(size),
+            )
+            return dict(out)
+
+        def offsets_at(positions: Array | None) -> Array:
+            return _offsets(first_offsets, size, stride, records, positions)
+
         every = None
         if span > self.capacity or not bool((firsts <= self.capacity - span).all()):
             every = offsets_at(None)
@@ -200,34 +239,31 @@ class TransitionRing:
             return self.gather(arrays.tensor(self.slots(every, oldest_offset)), out)
         result = {}
         for name, store in self.fields.items():
-            rest = store.shape[1:]
-            runs = store.as_strided(
-                (self.capacity - span + 1, size, *rest),
-                (store.stride(0), stride * store.stride(0), *store.stride()[1:]),
-            )
             target = None if out is None else out[name]
-            result[name] = torch.index_select(runs, 0, arrays.tensor(firsts), out=target)
+            positions = arrays.tensor(firsts)
+            result[name] = torch.index_select(_runs(store, size, stride), 0, positions, out=target)
         if where is not None and where.shape[0]:
             self._repair(result, where, self.slots(offsets_at(where), oldest_offset))
         return result
 
+    def _scratch_runs(self, size: int) -> np.ndarray:
+        """Scratch for the compiled gather of windows of ``size`` records, kept between calls."""
+        runs = self._runs_scratch
+        if runs.shape[1] < 2 * size:
+            runs = self._runs_scratch = np.empty((3, 2 * size), dtype=np.int64)
+        return runs
+
     def _repair(self, result: Mapping[str, torch.Tensor], where: Array, slots: Array) -> None:
         """Overwrite the records at flat positions ``where`` with the ring's ``slots``."""
         some = result[next(iter(result))]
-        if isinstance(where, np.ndarray) and some.device.type == "cpu":
-            compiled = kernels.get()
-            if compiled is not None:  # one compiled row copy per field, on the bytes
-                records = math.prod(some.shape[:2])
-                for name, source in self._host_rows.items():
-                    compiled["copy_rows"](_byte_rows(result[name], records), where, source, slots)
-                return
-            if self._host_fields is not None:
-                # numpy's row take and put: about 40% cheaper than index_select + index_copy_
-                records = math.prod(some.shape[:2])
-                for name, store in self._host_fields.items():
-                    rows = result[name].numpy().reshape(records, *store.shape[1:])
-                    rows[where] = np.take(store, slots, axis=0)
-                return
+        cpu = isinstance(where, np.ndarray) and some.device.type == "cpu"
+        if cpu and self._host_fields is not None:
+            # numpy's row take and put: about 40% cheaper than index_select + index_copy_
+            records = math.prod(some.shape[:2])
+            for name, store in self._host_fields.items():
+                rows = result[name].numpy().reshape(records, *store.shape[1:])
+                rows[where] = np.take(store, slots, axis=0)
+            return
         positions, slot_tensor = arrays.tensor(where), arrays.tensor(slots)
         records = math.prod(some.shape[:2])
         for name, ring_field in self.fields.items():
@@ -250,7 +286,40 @@ class TransitionRing:
         return torch.index_select(store, 0, slots, out=scratch[:count])
 
 
-def _byte_rows(values: torch.Tensor, rows: int) -> np.ndarray:
-    """A contiguous CPU tensor of ``rows`` records as its bytes: uint8 ``[rows, row bytes]``."""
-    flat = values.reshape(-1).view(torch.uint8).numpy()
-    return flat.reshape(rows, flat.shape[0] // rows)
+_NO_STARTS = np.empty(0, dtype=np.int64)  # records=None: every record is at its run's offset
+_NO_STEPS = np.empty((0, 0), dtype=np.int64)
+_ALL_EXACT = np.empty((0, 0), dtype=np.bool_)  # exact=None: no record is clamped
+
+
+def _on_cpu(out: Mapping[str, torch.Tensor]) -> bool:
+    return next(iter(out.values())).device.type == "cpu"
+
+
+def _offsets(
+    first_offsets: torch.Tensor,
+    size: int,
+    stride: int,
+    records: tuple[Array, Array] | None,
+    positions: Array | None,
+) -> Array:
+    """Offsets of `gather_runs`'s records at flat ``positions`` (all, ``[B, size]``, for None)."""
+    if records is None:
+        record = arrays.engine(torch.arange(size, device=first_offsets.device) * stride)
+        every = arrays.engine(first_offsets)[:, None] + record
+        return every if positions is None else every.reshape(-1)[positions]
+    starts, steps = records
+    if positions is None:
+        return starts[:, None] + steps
+    return starts[positions // size] + steps.reshape(-1)[positions]
+
+
+def _runs(store: torch.Tensor, size: int, stride: int) -> torch.Tensor:
+    """``store`` as overlapping runs, ``[capacity - span + 1, size, *field_shape]``.
+
+    Run ``i`` holds the records at slots ``i + stride * k``.
+    """
+    span = 1 + stride * (size - 1)
+    return store.as_strided(
+        (store.shape[0] - span + 1, size, *store.shape[1:]),
+        (store.stride(0), stride * store.stride(0), *store.stride()[1:]),
+    )

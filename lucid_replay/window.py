@@ -165,15 +165,15 @@ class Records:
     starts: Array = None  # [B] offsets of the episodes' step 0 (one episode per window)
     offsets: Array = None  # [B, W] (across episodes)
 
-    def offsets_at(self, positions: Array | None) -> Array:
-        """Offsets of the records at flat ``positions`` (all, ``[B, W]``, for ``None``)."""
+    def parts(self) -> tuple[Array, Array]:
+        """Record ``k`` of window ``b`` is at offset ``starts[b] + steps[b, k]``: the two.
+
+        Both on the `arrays` engine, ``[B]`` and ``[B, W]``.
+        """
         if self.offsets is not None:
-            every = arrays.engine(self.offsets)
-            return every if positions is None else every.reshape(-1)[positions]
-        steps = arrays.engine(self.steps)
-        if positions is None:
-            return self.starts[:, None] + steps
-        return self.starts[positions // steps.shape[1]] + steps.reshape(-1)[positions]
+            offsets = arrays.engine(self.offsets)
+            return offsets[:, 0] * 0, offsets
+        return self.starts, arrays.engine(self.steps)
 
 
 @attrs.frozen(eq=False)

@@ -27,6 +27,7 @@ from conftest import (
     write_values,
 )
 
+import lucid_replay.blocks
 from lucid_replay import (
     Batch,
     PrioritizedBatch,
@@ -234,3 +235,42 @@ def test_chunk_batches_own_their_memory():
     batch.starts[:] = 3
     assert buffer[0]["serial"].tolist() == list(range(6))
     assert buffer.sample(4, 6).starts.tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.skipif(lucid_replay.blocks._use_count is None, reason="torch lacks a use count")
+def test_batch_memory_is_reused_only_once_nothing_refers_to_it():
+    """A dropped batch's block serves a later draw (no allocation, no page faults); a batch,
+    a view of one of its tensors, or a numpy array of it keeps its memory from reuse."""
+    buffer = PrioritizedSequenceReplay(500, seed=0)
+    buffer.extend(make_episode(40, first_serial=100 * i) for i in range(6))
+    window = Window(5, burn_in=3, bootstrap=1)
+
+    def address(batch):
+        return batch.data["serial"].untyped_storage().data_ptr()
+
+    first = buffer.sample_windows(16, window)
+    kept = address(first)
+    del first
+    again = buffer.sample_windows(16, window)
+    assert address(again) == kept  # reused: nothing referred to it
+
+    for hold in (
+        lambda batch: batch,
+        lambda batch: batch.data["serial"][:, 2:],
+        lambda batch: batch.validity_mask.numpy(),
+        lambda batch: batch.weights,
+    ):
+        batch = buffer.sample_windows(16, window)
+        held = hold(batch)
+        expected = _values(held)
+        del batch
+        for _ in range(2 * lucid_replay.blocks.KEPT):
+            buffer.sample_windows(16, window)  # every kept block is drawn into, if free
+            buffer.sample_windows(16, Window(2))  # a block of another size in between
+        assert _values(held) == expected
+
+
+def _values(held):
+    if isinstance(held, WindowBatch):
+        return [held.data["serial"].tolist(), held.record_steps.tolist(), held.weights.tolist()]
+    return held.tolist()

@@ -23,6 +23,7 @@ from lucid_replay import (
     SchemaError,
     SequenceReplay,
     UnknownEpisodeError,
+    arrays,
 )
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
@@ -421,10 +422,17 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
     offsets = wanted.clamp(oldest, oldest + capacity - 1)
     exact = offsets == wanted
 
-    def offsets_at(positions):
-        return offsets if positions is None else offsets.reshape(-1)[positions]
-
-    got = ring.gather_runs(firsts, size, stride, offsets_at, exact, oldest)
+    records = (arrays.engine(offsets[:, 0] * 0), arrays.engine(offsets))
     expected = ring.gather(ring.slots(offsets, oldest))
-    for name in ("x", "flag"):
-        assert torch.equal(got[name], expected[name])
+    threads = torch.get_num_threads()
+    # Into new tensors, and into preallocated ones (the compiled gather) with one thread and
+    # with two (runs by index_select, repairs by the kernel).
+    for into, count in ((False, 1), (True, 1), (True, 2)):
+        out = {k: torch.full_like(v, 7) for k, v in expected.items()} if into else None
+        torch.set_num_threads(count)
+        try:
+            got = ring.gather_runs(firsts, size, stride, records, exact, oldest, out)
+        finally:
+            torch.set_num_threads(threads)
+        for name in ("x", "flag"):
+            assert torch.equal(got[name], expected[name]), (into, count, name)

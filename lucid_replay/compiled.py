@@ -1,0 +1,277 @@
+"""The compiled kernels (numba): imported by `lucid_replay.kernels` only when numba is there.
+
+Module-level functions, so that numba caches them on disk (a kernel that refers to another
+function through a closure is compiled again in every process).
+
+Raw memory access on int64 addresses, which numba lacks: ``memcpy(target, source, count)``
+copies ``count`` bytes (LLVM's memcpy: a 28 kB run several times faster than an element loop);
+``load_word`` / ``store_word`` and ``load_byte`` / ``store_byte`` move an unaligned 8-byte and a
+1-byte unsigned integer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir  # type: ignore[import-untyped]  # no py.typed
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__: list[str] = []  # internal module
+
+jit = numba.njit(cache=True, nogil=True)
+
+pointer = cgutils.voidptr_t
+
+
+def _memcpy(typing_context: Any, target: Any, source: Any, count: Any) -> Any:
+    def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        into, start, size = args
+        cgutils.raw_memcpy(  # type: ignore[no-untyped-call]  # untyped in numba
+            builder, builder.inttoptr(into, pointer), builder.inttoptr(start, pointer), size, 1
+        )
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64), generate
+
+
+memcpy: Any = intrinsic(_memcpy)  # Any: numba's stubs type an intrinsic's call wrongly
+
+
+def _access(bits: int) -> tuple[Any, Any]:
+    """``load(address)`` and ``store(address, value)`` of a ``bits``-bit unsigned int."""
+    kind = getattr(types, f"uint{bits}")
+    typed = ir.IntType(bits).as_pointer()
+
+    def load(typing_context: Any, address: Any) -> Any:
+        def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.load(builder.inttoptr(args[0], typed), align=1)
+
+        return kind(types.int64), generate
+
+    def store(typing_context: Any, address: Any, value: Any) -> Any:
+        def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            builder.store(args[1], builder.inttoptr(args[0], typed), align=1)
+            return context.get_dummy_value()
+
+        return types.void(types.int64, kind), generate
+
+    return intrinsic(load), intrinsic(store)
+
+
+load_word, store_word = _access(64)
+load_byte, store_byte = _access(8)
+
+
+@jit
+def copy(target: int, source: int, count: int) -> None:
+    """``count`` bytes from address ``source`` to ``target``.
+
+    A library memcpy for blocks; inline 8-byte and 1-byte moves for the few bytes of one
+    record of a small field, where a memcpy call would cost several times the move.
+    """
+    if count >= 64:
+        memcpy(target, source, count)
+        return
+    moved = 0
+    while moved + 8 <= count:
+        store_word(target + moved, load_word(source + moved))
+        moved += 8
+    while moved < count:
+        store_byte(target + moved, load_byte(source + moved))
+        moved += 1
+
+
+@jit
+def descend(tree: np.ndarray, targets: np.ndarray, levels: int) -> np.ndarray:
+    """`sum_tree.search`'s descent, never entering a subtree of zero mass."""
+    found = np.empty(targets.shape[0], dtype=np.int64)
+    count = 1 << levels
+    for i in range(targets.shape[0]):
+        node, remaining = 1, targets[i]
+        for _ in range(levels):
+            left = tree[2 * node]
+            if remaining >= left and tree[2 * node + 1] > 0:
+                remaining = remaining - left
+                node = 2 * node + 1
+            else:
+                node = 2 * node
+        found[i] = node - count
+    return found
+
+
+@jit
+def count(times: np.ndarray, rows: np.ndarray) -> None:
+    """``times[rows] += 1``, counting a repeated row once per occurrence."""
+    for i in range(rows.shape[0]):
+        times[rows[i]] += 1
+
+
+@jit
+def refresh(tree: np.ndarray, leaves: np.ndarray, levels: int) -> None:
+    """Recompute the ancestors of ``leaves`` (tree indices of leaves) from their children."""
+    for i in range(leaves.shape[0]):
+        node = leaves[i]
+        for _ in range(levels):
+            node >>= 1
+            tree[node] = tree[2 * node] + tree[2 * node + 1]
+
+
+@jit
+def expand(
+    anchor: np.ndarray,
+    last: np.ndarray,
+    terminated: np.ndarray,
+    episode_ids: np.ndarray,
+    burn_in: int,
+    dilation: int,
+    steps: np.ndarray,
+    valid: np.ndarray,
+    is_init: np.ndarray,
+    terminal: np.ndarray,
+    record_ids: np.ndarray,
+) -> bool:
+    """`window.expand` for one episode per window (pad, stop after its shift).
+
+    Per window, records ``first .. final`` are valid (their targets lie in the episode);
+    the ones before clamp to step 0, the ones after to the last step, and a record at
+    (or clamped to) the last step of a terminated episode is terminal.
+    """
+    clamped = False
+    size = steps.shape[1]
+    for b in range(anchor.shape[0]):
+        first_step, end = anchor[b] - burn_in * dilation, last[b]
+        first = max(0, -(first_step // dilation))  # first k with a target >= 0
+        final = min(size - 1, (end - first_step) // dilation)  # last k with target <= end
+        clamped |= first > 0 or final < size - 1
+        for k in range(size):
+            step = min(max(first_step + k * dilation, 0), end)
+            steps[b, k] = step
+            valid[b, k] = first <= k <= final
+            is_init[b, k] = k == first
+            terminal[b, k] = terminated[b] and step == end
+            record_ids[b, k] = episode_ids[b]
+    return clamped
+
+
+@jit
+def route(
+    learning: np.ndarray,
+    valid: np.ndarray,
+    record_ids: np.ndarray,
+    anchor_ids: np.ndarray,
+    errors: np.ndarray,
+    mask: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Per window: counted records, their largest |error|, its float64 sum in order.
+
+    Also whether a counted error was NaN or infinite.
+    """
+    rows = valid.shape[0]
+    count = np.zeros(rows, dtype=np.int64)
+    largest = np.zeros(rows, dtype=np.float64)
+    total = np.zeros(rows, dtype=np.float64)
+    finite = True
+    for b in range(rows):
+        anchor, counted, most, added = anchor_ids[b], 0, 0.0, 0.0
+        for k in range(valid.shape[1]):
+            if not (learning[b, k] and valid[b, k] and record_ids[b, k] == anchor):
+                continue
+            if mask is not None and not mask[b, k]:
+                continue
+            magnitude = np.float64(abs(errors[b, k]))
+            finite &= np.isfinite(magnitude)
+            counted += 1
+            most = max(most, magnitude)
+            added += magnitude
+        count[b], largest[b], total[b] = counted, most, added
+    return count, largest, total, finite
+
+
+@jit
+def gather_records(
+    targets: np.ndarray,
+    sources: np.ndarray,
+    row_bytes: np.ndarray,
+    copied: bool,
+    firsts: np.ndarray,
+    stride: int,
+    size: int,
+    exact: np.ndarray,
+    starts: np.ndarray,
+    steps: np.ndarray,
+    capacity: int,
+    base: int,
+    runs: np.ndarray,
+) -> None:
+    """`TransitionRing.gather_runs` for every field at once.
+
+    ``targets`` and ``sources`` are the addresses of the fields' contiguous batch and ring
+    memory, ``row_bytes`` their bytes per record. Record ``k`` of window ``b`` reads the
+    slot of offset ``firsts[b] + stride * k`` where it is ``exact`` (every record is if
+    ``exact`` has no rows), else that of ``starts[b] + steps[b, k]``. Runs of consecutive
+    slots are copied as one block. If ``copied``, every field already holds the run of every
+    window whose run from slot ``firsts[b] % capacity`` lies inside the ring: of those
+    windows only the records that are not exact are copied. ``runs`` is scratch
+    memory, int64 ``[3, 2 * size]`` (allocating it here would put small blocks among
+    the batches on the heap, which a stock allocator then trims and faults back in).
+    """
+    # Window b's records as runs of consecutive slots: run r covers records begins[r] ..
+    # ends[r] - 1, from slot slots[r] on; the first `every` runs hold all its records,
+    # the next `clamped` runs only those that are not exact.
+    slots, begins, ends = runs[0], runs[1], runs[2]
+    checked = exact.shape[0] > 0
+    for b in range(firsts.shape[0]):
+        whole = True
+        if checked:
+            for k in range(size):
+                whole &= exact[b, k]
+        first = firsts[b] % capacity  # the slot `copied` runs started at
+        inside = first + stride * (size - 1) < capacity
+        if whole and inside and stride == 1:  # the common case: one block
+            slots[0], begins[0], ends[0], every, clamped = first, 0, size, 1, 0
+        else:
+            every = clamped = 0
+            for k in range(size):
+                exact_k = whole or exact[b, k]
+                slot = (firsts[b] + stride * k if exact_k else starts[b] + steps[b, k]) - base
+                if slot >= capacity:
+                    slot -= capacity
+                if every and slot == slots[every - 1] + ends[every - 1] - begins[every - 1]:
+                    ends[every - 1] = k + 1
+                else:
+                    slots[every], begins[every], ends[every] = slot, k, k + 1
+                    every += 1
+                if exact_k:
+                    continue
+                last = size + clamped - 1  # the repair runs are stored from index size on
+                if clamped and ends[last] == k and slot == slots[last] + k - begins[last]:
+                    ends[last] = k + 1
+                else:
+                    slots[last + 1], begins[last + 1], ends[last + 1] = slot, k, k + 1
+                    clamped += 1
+        for f in range(targets.shape[0]):
+            if copied and inside:  # its run is in place: at most repairs
+                if whole:
+                    continue
+                low, high = size, size + clamped
+            else:
+                low, high = 0, every
+            width = row_bytes[f]
+            into = targets[f] + b * size * width
+            for r in range(low, high):
+                count = (ends[r] - begins[r]) * width
+                copy(into + begins[r] * width, sources[f] + slots[r] * width, count)
+
+
+KERNELS: dict[str, Any] = {
+    "gather_records": gather_records,
+    "count": count,
+    "descend": descend,
+    "refresh": refresh,
+    "expand": expand,
+    "route": route,
+}
