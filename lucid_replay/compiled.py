@@ -127,18 +127,23 @@ def expand(
     terminated: np.ndarray,
     episode_ids: np.ndarray,
     burn_in: int,
+    length: int,
     dilation: int,
     steps: np.ndarray,
     valid: np.ndarray,
     is_init: np.ndarray,
     terminal: np.ndarray,
     record_ids: np.ndarray,
+    learning: np.ndarray,
+    sequence: np.ndarray,
 ) -> bool:
     """`window.expand` for one episode per window (pad, stop after its shift).
 
     Per window, records ``first .. final`` are valid (their targets lie in the episode);
     the ones before clamp to step 0, the ones after to the last step, and a record at
-    (or clamped to) the last step of a terminated episode is terminal.
+    (or clamped to) the last step of a terminated episode is terminal. Also writes the
+    window's constants: ``learning`` (records ``burn_in .. burn_in + length - 1``) and
+    ``sequence`` (``k``).
     """
     clamped = False
     size = steps.shape[1]
@@ -154,6 +159,8 @@ def expand(
             is_init[b, k] = k == first
             terminal[b, k] = terminated[b] and step == end
             record_ids[b, k] = episode_ids[b]
+            learning[b, k] = burn_in <= k < burn_in + length
+            sequence[b, k] = k
     return clamped
 
 

@@ -70,8 +70,8 @@ def window_batch(
 ) -> WindowBatch:
     """The records expanded from ``anchors``, written into the `WindowBatch` ``out``.
 
-    ``out`` is on ``target``; ``records`` may already be views of its tensors (see
-    `record_arrays`), which are then left as they are.
+    ``out`` is on ``target``; ``records`` may already have been written into it (see
+    `record_arrays`), which is then left as it is.
     """
 
     def read(into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
@@ -87,20 +87,15 @@ def window_batch(
 
     shape = tuple(records.valid.shape)
     gather(ring, (shape[0], shape[1]), target, read, out.data)
-    entries = {
-        "validity_mask": records.valid,
-        "is_init": records.is_init,
-        "terminal": records.terminal,
-        "record_episode_ids": records.episode_ids,
-        "record_steps": records.steps,
-    }
-    for name, values in entries.items():
-        destination = getattr(out, name)
-        if values.data_ptr() != destination.data_ptr():  # not expanded into it already
-            destination.copy_(values, non_blocking=True)
-    per_record = layout(window, target)
-    out.learning_mask.copy_(per_record.learning_mask.expand(shape))  # rewritten: the caller
-    out.step_in_sequence.copy_(per_record.record.expand(shape))  # may have edited them
+    if not records.filled:  # else `expand` wrote them all into out
+        out.validity_mask.copy_(records.valid, non_blocking=True)
+        out.is_init.copy_(records.is_init, non_blocking=True)
+        out.terminal.copy_(records.terminal, non_blocking=True)
+        out.record_episode_ids.copy_(records.episode_ids, non_blocking=True)
+        out.record_steps.copy_(records.steps, non_blocking=True)
+        per_record = layout(window, target)
+        out.learning_mask.copy_(per_record.learning_mask.expand(shape))  # rewritten: the
+        out.step_in_sequence.copy_(per_record.record.expand(shape))  # caller may edit them
     out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
     out.anchor_steps.copy_(anchors.steps, non_blocking=True)
     if out.weights is not None and anchors.weights is not None:
@@ -190,6 +185,8 @@ def record_arrays(out: WindowBatch | None, storage: torch.device) -> RecordArray
         is_init=arrays.engine(out.is_init),
         terminal=arrays.engine(out.terminal),
         episode_ids=arrays.engine(out.record_episode_ids),
+        learning=arrays.engine(out.learning_mask),
+        sequence=arrays.engine(out.step_in_sequence),
     )
 
 

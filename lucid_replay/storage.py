@@ -33,6 +33,7 @@ class TransitionRing:
         # Where each CPU field's memory is, and its bytes per record, for the compiled gather.
         self._addresses = self._row_bytes = _NO_STARTS
         self._runs_scratch = np.empty((3, 0), dtype=np.int64)
+        self._views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # see _run_views
         self._scratch: dict[str, torch.Tensor] = {}
         # Pinned host buffers for gathers to an accelerator, by batch shape, and the event
         # after which their last copy out has finished.
@@ -60,6 +61,7 @@ class TransitionRing:
                     f"bytes on {self.device}), got {self.capacity}: {reason}"
                 ) from None
         self.fields = fields
+        self._views = {}
         try:  # numpy views of the same memory, for `write`
             self._host_fields = {name: store.numpy() for name, store in fields.items()}
         except TypeError:  # not on CPU, or a dtype numpy lacks
@@ -206,8 +208,8 @@ class TransitionRing:
             whole = torch.get_num_threads() > 1 and span <= self.capacity
             if whole:
                 positions = torch.from_numpy(np.minimum(firsts, self.capacity - span))
-                for name, store in self.fields.items():
-                    torch.index_select(_runs(store, size, stride), 0, positions, out=out[name])
+                for name, runs in self._run_views(size, stride).items():
+                    torch.index_select(runs, 0, positions, out=out[name])
             starts, steps = (_NO_STARTS, _NO_STEPS) if records is None else records
             compiled["gather_records"](
                 np.array([out[name].data_ptr() for name in self.fields], dtype=np.int64),
@@ -238,13 +240,34 @@ class TransitionRing:
         if every is not None:
             return self.gather(arrays.tensor(self.slots(every, oldest_offset)), out)
         result = {}
-        for name, store in self.fields.items():
+        positions = arrays.tensor(firsts)
+        for name, runs in self._run_views(size, stride).items():
             target = None if out is None else out[name]
-            positions = arrays.tensor(firsts)
-            result[name] = torch.index_select(_runs(store, size, stride), 0, positions, out=target)
+            result[name] = torch.index_select(runs, 0, positions, out=target)
         if where is not None and where.shape[0]:
             self._repair(result, where, self.slots(offsets_at(where), oldest_offset))
         return result
+
+    def _run_views(self, size: int, stride: int) -> dict[str, torch.Tensor]:
+        """Each field as overlapping runs, ``[capacity - span + 1, size, *field_shape]``.
+
+        Run ``i`` holds the records at slots ``i + stride * k``. Kept for the last few
+        window shapes: building the views costs more than a small field's copy.
+        """
+        views = self._views.get((size, stride))
+        if views is None:
+            span = 1 + stride * (size - 1)
+            views = {
+                name: store.as_strided(
+                    (self.capacity - span + 1, size, *store.shape[1:]),
+                    (store.stride(0), stride * store.stride(0), *store.stride()[1:]),
+                )
+                for name, store in self.fields.items()
+            }
+            if len(self._views) >= 8:
+                self._views.clear()
+            self._views[(size, stride)] = views
+        return views
 
     def _scratch_runs(self, size: int) -> np.ndarray:
         """Scratch for the compiled gather of windows of ``size`` records, kept between calls."""
@@ -311,15 +334,3 @@ def _offsets(
     if positions is None:
         return starts[:, None] + steps
     return starts[positions // size] + steps.reshape(-1)[positions]
-
-
-def _runs(store: torch.Tensor, size: int, stride: int) -> torch.Tensor:
-    """``store`` as overlapping runs, ``[capacity - span + 1, size, *field_shape]``.
-
-    Run ``i`` holds the records at slots ``i + stride * k``.
-    """
-    span = 1 + stride * (size - 1)
-    return store.as_strided(
-        (store.shape[0] - span + 1, size, *store.shape[1:]),
-        (store.stride(0), stride * store.stride(0), *store.stride()[1:]),
-    )

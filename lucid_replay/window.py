@@ -164,6 +164,7 @@ class Records:
     clamped: bool
     starts: Array = None  # [B] offsets of the episodes' step 0 (one episode per window)
     offsets: Array = None  # [B, W] (across episodes)
+    filled: bool = False  # written into `RecordArrays`, learning mask and record index too
 
     def parts(self) -> tuple[Array, Array]:
         """Record ``k`` of window ``b`` is at offset ``starts[b] + steps[b, k]``: the two.
@@ -178,13 +179,18 @@ class Records:
 
 @attrs.frozen(eq=False)
 class RecordArrays:
-    """Destinations ``[B, W]`` (of the `arrays` engine) for `expand` to write records into."""
+    """Destinations ``[B, W]`` (of the `arrays` engine) for `expand` to write records into.
+
+    ``learning`` and ``sequence`` receive the window's learning mask and record index.
+    """
 
     steps: Array
     valid: Array
     is_init: Array
     terminal: Array
     episode_ids: Array
+    learning: Array
+    sequence: Array
 
 
 class Layout(NamedTuple):
@@ -261,6 +267,8 @@ def expand(
         valid[...], is_init[...], terminal[...] = True, False, False
         record_ids = into.episode_ids
         record_ids[...] = arrays.engine(episode_ids)[:, None]
+        into.learning[...] = arrays.engine(cached.learning_mask)
+        into.sequence[...] = record
     first_step = anchor - window.burn_in * window.dilation  # record 0's target
     # Most windows lie inside their episode: only the rows of the others clamp and compare.
     out_of_episode = (first_step < 0) | (first_step + window.dilation * (window.size - 1) > last)
@@ -284,6 +292,7 @@ def expand(
         terminal=arrays.tensor(terminal),
         clamped=clamped,
         starts=starts,
+        filled=into is not None,
     )
 
 
@@ -300,6 +309,7 @@ def _compiled_records(
 ) -> Records:
     """`expand`'s one-episode windows by the compiled kernel (the same records)."""
     shape = (int(anchor.shape[0]), window.size)
+    filled = into is not None
     if into is None:
         into = RecordArrays(
             steps=np.empty(shape, dtype=np.int64),
@@ -307,6 +317,8 @@ def _compiled_records(
             is_init=np.empty(shape, dtype=np.bool_),
             terminal=np.empty(shape, dtype=np.bool_),
             episode_ids=np.empty(shape, dtype=np.int64),
+            learning=np.empty(shape, dtype=np.bool_),
+            sequence=np.empty(shape, dtype=np.int64),
         )
     clamped = compiled["expand"](
         np.ascontiguousarray(anchor),
@@ -314,12 +326,15 @@ def _compiled_records(
         np.ascontiguousarray(column["terminated"][where]),
         arrays.engine(anchors.episode_ids),
         window.burn_in,
+        window.length,
         window.dilation,
         into.steps,
         into.valid,
         into.is_init,
         into.terminal,
         into.episode_ids,
+        into.learning,
+        into.sequence,
     )
     return Records(
         first_offsets=arrays.tensor(starts + anchor - window.burn_in * window.dilation),
@@ -330,6 +345,7 @@ def _compiled_records(
         terminal=arrays.tensor(into.terminal),
         clamped=bool(clamped),
         starts=starts,
+        filled=filled,
     )
 
 
