@@ -35,7 +35,7 @@ numpy_on_cpu = True  # tests set it to False to run the accelerator code path on
 
 def engine(values: torch.Tensor) -> Array:
     """``values`` as the array the index arithmetic runs on: a numpy view on CPU."""
-    return values.numpy() if numpy_on_cpu and values.device.type == "cpu" else values
+    return values.numpy() if numpy_on_cpu and values.is_cpu else values
 
 
 def tensor(values: Array) -> torch.Tensor:

@@ -120,35 +120,34 @@ def new_batch(
     gather, instead of growing and trimming its heap around a dozen outputs and the
     temporaries between them (which faults hundreds of pages back in per call).
     """
-    total, views = _block_layout(kind, shape, schema, weights)
-    size = max(total, 1)
+    total, groups = _block_layout(kind, shape, schema, weights)
     if blocks is None:
-        block = torch.empty(size, dtype=torch.uint8, device=device)
+        block = torch.empty(total, dtype=torch.uint8, device=device)
     else:
-        block = blocks.take(size, device)
-    typed: dict[torch.dtype, torch.Tensor] = {}  # the block as each dtype (offsets align)
+        block = blocks.take(total, device)
     tensors: dict[str, torch.Tensor | None] = {}
-    for name, dims, strides, dtype, offset in views:
-        if dtype not in typed:
-            typed[dtype] = block[: total - total % dtype.itemsize].view(dtype)
-        tensors[name] = torch.as_strided(typed[dtype], dims, strides, offset)
+    for dtype, views in groups:
+        typed = block.view(dtype)  # the block as this dtype: its tensors' offsets align
+        for name, dims, strides, offset in views:
+            tensors[name] = torch.as_strided(typed, dims, strides, offset)
     data = MappingProxyType({name: tensors.pop(f"data.{name}") for name in schema})
     if kind is WindowBatch and not weights:
         tensors["weights"] = None  # a uniform draw has none
     return kind(data=data, **tensors)
 
 
-_View = tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype, int]
+_View = tuple[str, tuple[int, ...], tuple[int, ...], int]
 
 
 @functools.lru_cache(maxsize=32)
 def _block_layout(
     kind: Callable[..., object], shape: tuple[int, int], schema: Schema, weights: bool
-) -> tuple[int, tuple[_View, ...]]:
-    """Bytes of a batch's block, and per tensor its name, shape, strides, dtype and offset.
+) -> tuple[int, tuple[tuple[torch.dtype, tuple[_View, ...]], ...]]:
+    """Bytes of a batch's block, and by dtype its tensors' names, shapes, strides, offsets.
 
-    Offsets count elements of the tensor's dtype; tensors start 64-byte aligned, so every
-    dtype's view of the block reaches every tensor.
+    The bytes are a multiple of 64, at least 64. Offsets count elements of the tensor's
+    dtype; tensors start 64-byte aligned, so every dtype's view of the block reaches every
+    tensor.
     """
     batch_size = shape[0]
     specs = {
@@ -167,12 +166,13 @@ def _block_layout(
             specs["indices"] = ((batch_size,), torch.int64)
     if weights:
         specs["weights"] = ((batch_size,), torch.float32)
-    views, total = [], 0
+    groups: dict[torch.dtype, list[_View]] = {}
+    total = 0
     for name, (dims, dtype) in specs.items():
         strides = tuple(math.prod(dims[i + 1 :]) for i in range(len(dims)))
-        views.append((name, dims, strides, dtype, total // dtype.itemsize))
+        groups.setdefault(dtype, []).append((name, dims, strides, total // dtype.itemsize))
         total += -(-math.prod(dims) * dtype.itemsize // 64) * 64
-    return total, tuple(views)
+    return max(total, 64), tuple((dtype, tuple(views)) for dtype, views in groups.items())
 
 
 def record_arrays(out: WindowBatch | None, storage: torch.device) -> RecordArrays | None:
