@@ -87,20 +87,25 @@ def copy(target: int, source: int, count: int) -> None:
 
 @jit
 def descend(tree: np.ndarray, targets: np.ndarray, levels: int) -> np.ndarray:
-    """`sum_tree.search`'s descent, never entering a subtree of zero mass."""
-    found = np.empty(targets.shape[0], dtype=np.int64)
+    """`sum_tree.search`'s descent, never entering a subtree of zero mass.
+
+    Level by level for all targets at once: the reads of one level are independent, so a
+    tree that a learner's step evicted from the caches is read with many misses in flight
+    rather than one chain of misses per target.
+    """
     count = 1 << levels
-    for i in range(targets.shape[0]):
-        node, remaining = 1, targets[i]
-        for _ in range(levels):
+    nodes = np.ones(targets.shape[0], dtype=np.int64)
+    remaining = targets.copy()
+    for _ in range(levels):
+        for i in range(targets.shape[0]):
+            node = nodes[i]
             left = tree[2 * node]
-            if remaining >= left and tree[2 * node + 1] > 0:
-                remaining = remaining - left
-                node = 2 * node + 1
+            if remaining[i] >= left and tree[2 * node + 1] > 0:
+                remaining[i] = remaining[i] - left
+                nodes[i] = 2 * node + 1
             else:
-                node = 2 * node
-        found[i] = node - count
-    return found
+                nodes[i] = 2 * node
+    return nodes - count
 
 
 @jit
