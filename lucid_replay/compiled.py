@@ -109,6 +109,23 @@ def descend(tree: np.ndarray, targets: np.ndarray, levels: int) -> np.ndarray:
 
 
 @jit
+def draw_rows(
+    tree: np.ndarray, levels: int, uniforms: np.ndarray, lengths: np.ndarray, span: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`AnchorSampler._draw_rows` after its uniforms: rows by leaf mass, a step in each.
+
+    Row ``i`` is the leaf of target ``uniforms[i, 0] * total``; its step is
+    ``min(int(uniforms[i, 1] * anchors), anchors - 1)`` for its ``anchors`` eligible ones.
+    """
+    rows = descend(tree, uniforms[:, 0] * tree[1], levels)
+    steps = np.empty(rows.shape[0], dtype=np.int64)
+    for i in range(rows.shape[0]):
+        anchors = max(lengths[rows[i]] - (span - 1), 0)
+        steps[i] = min(np.int64(uniforms[i, 1] * anchors), anchors - 1)
+    return rows, steps
+
+
+@jit
 def count(times: np.ndarray, rows: np.ndarray) -> None:
     """``times[rows] += 1``, counting a repeated row once per occurrence."""
     for i in range(rows.shape[0]):
@@ -282,6 +299,7 @@ def gather_records(
 KERNELS: dict[str, Any] = {
     "gather_records": gather_records,
     "count": count,
+    "draw_rows": draw_rows,
     "descend": descend,
     "refresh": refresh,
     "expand": expand,

@@ -282,6 +282,12 @@ class AnchorSampler:
             (count, 2), dtype=torch.float64, generator=generator, device=generator.device
         ).to(self.table.device)
         drawn = arrays.engine(uniforms)
+        compiled = kernels.get() if isinstance(drawn, np.ndarray) else None
+        if compiled is not None:  # the same arithmetic, one compiled call
+            levels = sum_tree.leaf_count(tree).bit_length() - 1
+            lengths = self.table.arrays["length"]
+            rows, steps = compiled["draw_rows"](arrays.engine(tree), levels, drawn, lengths, span)
+            return rows, steps
         rows = sum_tree.search(tree, drawn[:, 0] * arrays.engine(sum_tree.total(tree)))
         anchors = eligible_anchors(self.table.arrays["length"][rows], span)
         steps = arrays.minimum(arrays.cast(drawn[:, 1] * anchors, torch.int64), anchors - 1)
