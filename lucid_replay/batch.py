@@ -1,7 +1,8 @@
 """Batches: the values a draw returns (`lucid_replay.gather` assembles them).
 
 Every tensor of a returned batch owns its memory: writing into one changes neither storage
-nor any other batch (unless the caller passes it back as ``out=`` to be overwritten).
+nor any other batch (unless the caller passes it back as ``out=`` to be overwritten). A
+buffer draws into the memory of an earlier batch again only once nothing refers to it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""Compiled loops for the CPU index arithmetic (optional extra ``fast``: numba).
+"""Compiled loops for the CPU data path (optional extra ``fast``: numba).
 
 On vectors of a few hundred elements, numpy spends most of its time in per-call dispatch:
 a 20-level sum-tree descent is 80 array operations, the expansion of a window batch a few
-dozen. The loops here do the same arithmetic element by element in compiled code, with the
-same IEEE float64 operations in the same order, so their results are bitwise those of the
-numpy and torch code they replace (the tests run both). Without numba (or with
-``LUCID_REPLAY_KERNELS=0`` in the environment) that code runs instead.
+dozen, the gather of a batch a dozen tensor calls plus its repairs. The loops do the same
+work element by element in compiled code, with the same IEEE float64 operations in the same
+order, so their results are bitwise those of the numpy and torch code they replace (the
+tests run both). Without numba (or with ``LUCID_REPLAY_KERNELS=0`` in the environment) that
+code runs instead.
 
 They live in `lucid_replay.compiled`; each is compiled on first use (about a second, cached
 on disk afterwards).
