@@ -221,6 +221,44 @@ def route(
 
 
 @jit
+def _add_record(runs: np.ndarray, first: int, count: int, k: int, slot: int) -> int:
+    """Add record ``k`` (at ``slot``) to ``count`` runs; returns the new count.
+
+    The runs are stored from column ``first`` of ``runs``, whose rows are: slot, first
+    record, end record, kind. A run's records are at consecutive slots (kind 1) or all at
+    one slot (kind 0: records clamped to an episode's first or last step).
+    """
+    if count:
+        r = first + count - 1
+        length = runs[2, r] - runs[1, r]
+        if runs[2, r] == k and length == 1 and 0 <= slot - runs[0, r] <= 1:
+            runs[3, r], runs[2, r] = slot - runs[0, r], k + 1
+            return count
+        if runs[2, r] == k and length > 1 and slot == runs[0, r] + length * runs[3, r]:
+            runs[2, r] = k + 1
+            return count
+    r = first + count
+    runs[0, r], runs[1, r], runs[2, r], runs[3, r] = slot, k, k + 1, 1
+    return count + 1
+
+
+@jit
+def _copy_run(into: int, source: int, width: int, run: np.ndarray) -> None:
+    """Copy one run (a column of `_add_record`'s ``runs``) of ``width``-byte records."""
+    slot, begin, end, kind = run[0], run[1], run[2], run[3]
+    at = into + begin * width
+    if kind == 1:
+        copy(at, source + slot * width, (end - begin) * width)
+        return
+    copy(at, source + slot * width, width)  # one record, then doubling copies of it
+    filled, length = 1, end - begin
+    while filled < length:
+        more = min(filled, length - filled)
+        copy(at + filled * width, at, more * width)
+        filled += more
+
+
+@jit
 def gather_records(
     targets: np.ndarray,
     sources: np.ndarray,
@@ -241,17 +279,15 @@ def gather_records(
     ``targets`` and ``sources`` are the addresses of the fields' contiguous batch and ring
     memory, ``row_bytes`` their bytes per record. Record ``k`` of window ``b`` reads the
     slot of offset ``firsts[b] + stride * k`` where it is ``exact`` (every record is if
-    ``exact`` has no rows), else that of ``starts[b] + steps[b, k]``. Runs of consecutive
-    slots are copied as one block. If ``copied``, every field already holds the run of every
-    window whose run from slot ``firsts[b] % capacity`` lies inside the ring: of those
-    windows only the records that are not exact are copied. ``runs`` is scratch
-    memory, int64 ``[3, 2 * size]`` (allocating it here would put small blocks among
+    ``exact`` has no rows), else that of ``starts[b] + steps[b, k]``. Records at consecutive
+    slots, or repeating one slot, are copied as one run. If ``copied``, every field already
+    holds the run of every window whose run from slot ``firsts[b] % capacity`` lies inside
+    the ring: of those windows only the records that are not exact are copied. ``runs`` is
+    scratch memory, int64 ``[4, 2 * size]`` (allocating it here would put small blocks among
     the batches on the heap, which a stock allocator then trims and faults back in).
     """
-    # Window b's records as runs of consecutive slots: run r covers records begins[r] ..
-    # ends[r] - 1, from slot slots[r] on; the first `every` runs hold all its records,
-    # the next `clamped` runs only those that are not exact.
-    slots, begins, ends = runs[0], runs[1], runs[2]
+    # Window b's runs: columns 0 .. every - 1 of `runs` cover all its records, columns
+    # size .. size + clamped - 1 only those that are not exact.
     checked = exact.shape[0] > 0
     for b in range(firsts.shape[0]):
         whole = True
@@ -260,28 +296,19 @@ def gather_records(
                 whole &= exact[b, k]
         first = firsts[b] % capacity  # the slot `copied` runs started at
         inside = first + stride * (size - 1) < capacity
+        every = clamped = 0
         if whole and inside and stride == 1:  # the common case: one block
-            slots[0], begins[0], ends[0], every, clamped = first, 0, size, 1, 0
+            every = _add_record(runs, 0, 0, 0, first)
+            runs[2, 0] = size
         else:
-            every = clamped = 0
             for k in range(size):
                 exact_k = whole or exact[b, k]
                 slot = (firsts[b] + stride * k if exact_k else starts[b] + steps[b, k]) - base
                 if slot >= capacity:
                     slot -= capacity
-                if every and slot == slots[every - 1] + ends[every - 1] - begins[every - 1]:
-                    ends[every - 1] = k + 1
-                else:
-                    slots[every], begins[every], ends[every] = slot, k, k + 1
-                    every += 1
-                if exact_k:
-                    continue
-                last = size + clamped - 1  # the repair runs are stored from index size on
-                if clamped and ends[last] == k and slot == slots[last] + k - begins[last]:
-                    ends[last] = k + 1
-                else:
-                    slots[last + 1], begins[last + 1], ends[last + 1] = slot, k, k + 1
-                    clamped += 1
+                every = _add_record(runs, 0, every, k, slot)
+                if not exact_k:
+                    clamped = _add_record(runs, size, clamped, k, slot)
         for f in range(targets.shape[0]):
             if copied and inside:  # its run is in place: at most repairs
                 if whole:
@@ -292,8 +319,7 @@ def gather_records(
             width = row_bytes[f]
             into = targets[f] + b * size * width
             for r in range(low, high):
-                count = (ends[r] - begins[r]) * width
-                copy(into + begins[r] * width, sources[f] + slots[r] * width, count)
+                _copy_run(into, sources[f], width, runs[:, r])
 
 
 KERNELS: dict[str, Any] = {

@@ -32,7 +32,7 @@ class TransitionRing:
         self._host_fields: dict[str, np.ndarray] | None = None
         # Where each CPU field's memory is, and its bytes per record, for the compiled gather.
         self._addresses = self._row_bytes = _NO_STARTS
-        self._runs_scratch = np.empty((3, 0), dtype=np.int64)
+        self._runs_scratch = np.empty((4, 0), dtype=np.int64)
         self._views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # see _run_views
         self._scratch: dict[str, torch.Tensor] = {}
         # Pinned host buffers for gathers to an accelerator, by batch shape, and the event
@@ -204,8 +204,12 @@ class TransitionRing:
         compiled = kernels.get() if isinstance(firsts, np.ndarray) else None  # on CPU
         if compiled is not None and out is not None and _on_cpu(out):
             # Runs that are clamped or cross the seam read any run in range: the kernel
-            # overwrites them.
-            whole = torch.get_num_threads() > 1 and span <= self.capacity
+            # overwrites them, so with most records clamped it copies everything itself.
+            engine_exact = None if exact is None else np.ascontiguousarray(arrays.engine(exact))
+            mostly_exact = engine_exact is None or 4 * np.count_nonzero(engine_exact) > (
+                3 * engine_exact.size
+            )
+            whole = torch.get_num_threads() > 1 and span <= self.capacity and mostly_exact
             if whole:
                 positions = torch.from_numpy(np.minimum(firsts, self.capacity - span))
                 for name, runs in self._run_views(size, stride).items():
@@ -219,7 +223,7 @@ class TransitionRing:
                 np.ascontiguousarray(arrays.engine(first_offsets)),
                 stride,
                 size,
-                _ALL_EXACT if exact is None else np.ascontiguousarray(arrays.engine(exact)),
+                _ALL_EXACT if engine_exact is None else engine_exact,
                 np.ascontiguousarray(starts),
                 np.ascontiguousarray(steps),
                 self.capacity,
@@ -273,7 +277,7 @@ class TransitionRing:
         """Scratch for the compiled gather of windows of ``size`` records, kept between calls."""
         runs = self._runs_scratch
         if runs.shape[1] < 2 * size:
-            runs = self._runs_scratch = np.empty((3, 2 * size), dtype=np.int64)
+            runs = self._runs_scratch = np.empty((4, 2 * size), dtype=np.int64)
         return runs
 
     def _repair(self, result: Mapping[str, torch.Tensor], where: Array, slots: Array) -> None:
