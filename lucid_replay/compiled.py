@@ -306,6 +306,8 @@ def gather_records(
                 slot = (firsts[b] + stride * k if exact_k else starts[b] + steps[b, k]) - base
                 if slot >= capacity:
                     slot -= capacity
+                if not 0 <= slot < capacity:  # never for stored offsets: a raw-memory guard
+                    raise IndexError("gather_records: an offset outside the stored range")
                 every = _add_record(runs, 0, every, k, slot)
                 if not exact_k:
                     clamped = _add_record(runs, size, clamped, k, slot)

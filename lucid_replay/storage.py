@@ -203,14 +203,14 @@ class TransitionRing:
         firsts = arrays.engine(first_offsets) % self.capacity  # raw offsets may be negative
         compiled = kernels.get() if isinstance(firsts, np.ndarray) else None  # on CPU
         if compiled is not None and out is not None and _on_cpu(out):
-            # Runs that are clamped or cross the seam read any run in range: the kernel
-            # overwrites them, so with most records clamped it copies everything itself.
+            # With several threads index_select copies the runs first; those that are clamped
+            # or cross the seam read any run in range, and the kernel overwrites them, so
+            # with most records clamped it copies everything itself instead.
             engine_exact = None if exact is None else np.ascontiguousarray(arrays.engine(exact))
-            mostly_exact = engine_exact is None or 4 * np.count_nonzero(engine_exact) > (
-                3 * engine_exact.size
-            )
-            whole = torch.get_num_threads() > 1 and span <= self.capacity and mostly_exact
-            if whole:
+            copied = torch.get_num_threads() > 1 and span <= self.capacity
+            if copied and engine_exact is not None:
+                copied = 4 * np.count_nonzero(engine_exact) > 3 * engine_exact.size
+            if copied:
                 positions = torch.from_numpy(np.minimum(firsts, self.capacity - span))
                 for name, runs in self._run_views(size, stride).items():
                     torch.index_select(runs, 0, positions, out=out[name])
@@ -219,7 +219,7 @@ class TransitionRing:
                 np.array([out[name].data_ptr() for name in self.fields], dtype=np.int64),
                 self._addresses,
                 self._row_bytes,
-                whole,
+                copied,
                 np.ascontiguousarray(arrays.engine(first_offsets)),
                 stride,
                 size,

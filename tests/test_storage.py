@@ -436,3 +436,19 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
             torch.set_num_threads(threads)
         for name in ("x", "flag"):
             assert torch.equal(got[name], expected[name]), (into, count, name)
+
+
+def test_compiled_gather_refuses_an_offset_outside_the_ring(index_engine):
+    """The compiled gather copies raw memory: an offset it was never meant to see raises
+    instead of reading outside the ring (no caller passes one)."""
+    from lucid_replay.storage import TransitionRing
+
+    if index_engine != "kernels":
+        pytest.skip("the guard is the compiled gather's")
+    ring = TransitionRing(10, torch.device("cpu"))
+    ring.allocate({"x": ((3,), torch.float32)})
+    exact = torch.tensor([[True, False]])
+    records = (np.array([-50]), np.array([[0, 1]]))
+    out = {"x": torch.empty(1, 2, 3)}
+    with pytest.raises(IndexError, match="outside the stored range"):
+        ring.gather_runs(torch.tensor([0]), 2, 1, records, exact, 0, out)
