@@ -274,3 +274,16 @@ def _values(held):
     if isinstance(held, WindowBatch):
         return [held.data["serial"].tolist(), held.record_steps.tolist(), held.weights.tolist()]
     return held.tolist()
+
+
+def test_without_a_storage_use_count_no_batch_memory_is_kept(monkeypatch):
+    """Where torch lacks the private use-count function, no block is remembered for reuse
+    (nothing could tell when a batch is free), and draws still work."""
+    monkeypatch.setattr(lucid_replay.blocks, "_use_count", None)
+    buffer = SequenceReplay(200, seed=0)
+    buffer.extend(make_episode(20, first_serial=100 * i) for i in range(3))
+    for _ in range(3):
+        batch = buffer.sample_windows(8, Window(3))
+        assert batch.data["serial"].shape == (8, 3)
+        del batch
+    assert buffer._core.blocks._kept == []
