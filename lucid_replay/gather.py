@@ -149,6 +149,23 @@ def _block_layout(
     dtype; tensors start 64-byte aligned, so every dtype's view of the block reaches every
     tensor.
     """
+    specs = _specs(kind, shape, schema, weights)
+    groups: dict[torch.dtype, list[_View]] = {}
+    total = 0
+    for name, (dims, dtype) in specs.items():
+        strides = tuple(math.prod(dims[i + 1 :]) for i in range(len(dims)))
+        groups.setdefault(dtype, []).append((name, dims, strides, total // dtype.itemsize))
+        total += -(-math.prod(dims) * dtype.itemsize // 64) * 64
+    return max(total, 64), tuple((dtype, tuple(views)) for dtype, views in groups.items())
+
+
+def _specs(
+    kind: Callable[..., object], shape: tuple[int, int], schema: Schema, weights: bool
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of every tensor of a ``kind`` batch of ``shape`` records.
+
+    Fields are named ``data.<field>``; the others by their attribute.
+    """
     batch_size = shape[0]
     specs = {
         f"data.{name}": ((*shape, *field_shape), dtype)
@@ -166,13 +183,7 @@ def _block_layout(
             specs["indices"] = ((batch_size,), torch.int64)
     if weights:
         specs["weights"] = ((batch_size,), torch.float32)
-    groups: dict[torch.dtype, list[_View]] = {}
-    total = 0
-    for name, (dims, dtype) in specs.items():
-        strides = tuple(math.prod(dims[i + 1 :]) for i in range(len(dims)))
-        groups.setdefault(dtype, []).append((name, dims, strides, total // dtype.itemsize))
-        total += -(-math.prod(dims) * dtype.itemsize // 64) * 64
-    return max(total, 64), tuple((dtype, tuple(views)) for dtype, views in groups.items())
+    return specs
 
 
 def record_arrays(out: WindowBatch | None, storage: torch.device) -> RecordArrays | None:
@@ -236,32 +247,17 @@ def check_out(
     assert isinstance(out, Batch | WindowBatch)
     if schema is None or set(out.data) != set(schema):
         raise must("out", f"a batch of the fields {sorted(schema or {})}", sorted(out.data))
-    expected = {name: ((*shape, *spec[0]), spec[1]) for name, spec in schema.items()}
-    batch_size = shape[0]
-    if isinstance(out, WindowBatch):
-        expected.update(
-            {name: (shape, torch.bool) for name in ("learning_mask", "validity_mask", "is_init")}
-        )
-        expected["terminal"] = (shape, torch.bool)
-        for name in ("record_episode_ids", "record_steps", "step_in_sequence"):
-            expected[name] = (shape, torch.int64)
-        expected["episode_ids"] = expected["anchor_steps"] = ((batch_size,), torch.int64)
-    else:
-        expected["episode_ids"] = expected["starts"] = ((batch_size,), torch.int64)
-        if isinstance(out, PrioritizedBatch):
-            expected["indices"] = ((batch_size,), torch.int64)
     has_weights = getattr(out, "weights", None) is not None
     if has_weights != weights:
         rule = "a batch with importance weights" if weights else "a batch without weights"
         raise must_have("out", f"{rule}, as this draw", "the other kind")
-    if weights:
-        expected["weights"] = ((batch_size,), torch.float32)
-    for name, (want_shape, dtype) in expected.items():
-        tensor = out.data[name] if name in out.data else getattr(out, name)
+    for name, (want_shape, dtype) in _specs(kind, shape, schema, weights).items():
+        field = name.removeprefix("data.") if name.startswith("data.") else None
+        tensor = out.data[field] if field is not None else getattr(out, name)
         got = (tuple(tensor.shape), tensor.dtype, tensor.device)
         if got != (want_shape, dtype, device) or not tensor.is_contiguous():
             raise must_have(
-                f"out[{name!r}]" if name in out.data else f"out.{name}",
+                f"out[{field!r}]" if field is not None else f"out.{name}",
                 f"a contiguous {dtype} tensor of shape {want_shape} on {device}",
                 f"{got[1]} {got[0]} on {got[2]}",
             )
