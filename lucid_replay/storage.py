@@ -200,7 +200,8 @@ class TransitionRing:
         or with more than a quarter of its records to repair, is gathered record by record.
         """
         span = 1 + stride * (size - 1)
-        firsts = arrays.engine(first_offsets) % self.capacity  # raw offsets may be negative
+        raw = arrays.engine(first_offsets)
+        firsts = raw % self.capacity  # raw offsets may be negative
         compiled = kernels.get() if isinstance(firsts, np.ndarray) else None  # on CPU
         if compiled is not None and out is not None and _on_cpu(out):
             # With several threads, or dilated runs (whose records the kernel would copy one
@@ -221,7 +222,7 @@ class TransitionRing:
                 self._addresses,
                 self._row_bytes,
                 copied,
-                np.ascontiguousarray(arrays.engine(first_offsets)),
+                np.ascontiguousarray(raw),
                 stride,
                 size,
                 _ALL_EXACT if engine_exact is None else engine_exact,
