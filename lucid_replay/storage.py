@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from lucid_replay import arrays, kernels
+from lucid_replay import arrays, hugepages, kernels
 from lucid_replay.arrays import Array
 
 __all__: list[str] = []  # internal module
@@ -50,6 +50,7 @@ class TransitionRing:
         for name, (shape, dtype) in schema.items():
             try:
                 fields[name] = torch.empty((self.capacity, *shape), dtype=dtype, device=self.device)
+                hugepages.advise(fields[name])  # before its first write; see that module
             except (RuntimeError, MemoryError) as error:  # torch reports OOM as RuntimeError
                 needed = sum(
                     self.capacity * math.prod(s) * torch.empty((), dtype=d).element_size()

@@ -1,0 +1,98 @@
+"""Transparent huge pages for the ring's CPU fields: asked for where they fit, never a failure.
+
+The kernel's answer is read back from ``/proc/self/smaps`` (the ``hg`` flag of the mapping),
+so these tests fail if the ring stops asking, or asks for the wrong range.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lucid_replay import Episode, SequenceReplay, hugepages
+from lucid_replay.storage import TransitionRing
+
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+_thp_available = (
+    sys.platform.startswith("linux")
+    and _THP.exists()
+    and "[never]" not in _THP.read_text()
+    and hugepages._madvise() is not None
+)
+needs_thp = pytest.mark.skipif(not _thp_available, reason="no transparent huge pages here")
+
+
+def _flags_at(address: int) -> set[str]:
+    """The ``VmFlags`` of the mapping that holds ``address`` in this process."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low <= address < high
+        elif inside and line.startswith("VmFlags:"):
+            return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _huge_page_inside(tensor: torch.Tensor) -> int:
+    size = hugepages._madvise()[2]  # type: ignore[index]
+    return -(-tensor.data_ptr() // size) * size
+
+
+@needs_thp
+def test_a_large_ring_field_asks_for_huge_pages_before_its_first_write() -> None:
+    ring = TransitionRing(1 << 20, torch.device("cpu"))
+    ring.allocate({"obs": ((8,), torch.float32), "flag": ((), torch.bool)})
+    obs = ring.fields["obs"]  # 32 MiB: whole huge pages inside
+    assert "hg" in _flags_at(_huge_page_inside(obs))
+    flag = ring.fields["flag"]  # 1 MiB: smaller than a huge page, left alone
+    assert hugepages.advise(flag) is False
+
+
+@needs_thp
+def test_a_buffer_samples_the_same_data_from_advised_memory() -> None:
+    buffer = SequenceReplay(1 << 19, seed=0)
+    obs = torch.arange(600 * 16, dtype=torch.float32).reshape(600, 16)
+    buffer.add(Episode({"obs": obs}))
+    store = buffer._core.store.ring.fields["obs"]  # 32 MiB of obs
+    assert "hg" in _flags_at(_huge_page_inside(store))
+    assert torch.equal(buffer[0]["obs"], obs)
+
+
+def test_advice_is_skipped_for_small_and_non_cpu_tensors() -> None:
+    assert hugepages.advise(torch.empty(16)) is False
+    assert hugepages.advise(torch.empty(1 << 22, device="meta")) is False
+
+
+def test_without_madvise_a_ring_is_allocated_and_nothing_is_advised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hugepages, "_madvise", lambda: None)
+    ring = TransitionRing(1 << 20, torch.device("cpu"))
+    ring.allocate({"obs": ((8,), torch.float32)})
+    assert hugepages.advise(ring.fields["obs"]) is False
+    assert ring.fields["obs"].shape == (1 << 20, 8)
+
+
+def test_a_refused_advice_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int, int]] = []
+
+    def refuse(start: int, length: int, advice: int) -> int:
+        calls.append((start, length, advice))
+        return -1  # as madvise does with EINVAL where the kernel has no THP
+
+    size = 2 * 2**20
+    monkeypatch.setattr(hugepages, "_madvise", lambda: (refuse, 14, size))
+    tensor = torch.empty(4 * size // 4, dtype=torch.float32)  # 8 MiB
+    assert hugepages.advise(tensor) is False
+    [(start, length, advice)] = calls
+    begin, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * 4
+    assert start % size == 0 and length % size == 0 and length > 0
+    assert begin <= start and start + length <= end  # only whole pages inside the tensor
+    assert start - begin < size and end - (start + length) < size  # and all of them
+    assert advice == 14
