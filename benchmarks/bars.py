@@ -86,7 +86,7 @@ BARS = (
     BarSpec(
         name="prioritized sample_windows + update_priorities_from vs floor",
         numerator="lucid.prioritized_update",
-        denominator="floor",
+        denominator="floor.update",
         limit=1.6,
         at_most=True,
         fmt="{:.2f}x",
@@ -127,6 +127,24 @@ BARS = (
         at_most=True,
         fmt="{:.2f}x",
         versus=FLOOR,
+    ),
+    BarSpec(
+        name="the floor from huge-page memory (as the ring's) vs the floor",
+        numerator="floor.huge",
+        denominator="floor",
+        limit=None,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus=FLOOR,
+    ),
+    BarSpec(
+        name="uniform sample_windows vs the floor from huge-page memory",
+        numerator="lucid.uniform",
+        denominator="floor.huge",
+        limit=None,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus="huge-page floor",
     ),
     BarSpec(
         name="uniform sample_windows vs the floor with preallocated outputs",
@@ -202,6 +220,8 @@ METADATA_LIMIT = 100  # bytes per stored episode (episode table and sum trees)
 # Which row each group's ratios divide by.
 _BASELINES = {"main": "floor", "add": "add.memcpy", "device": "device.floor"}
 _BASELINE_NOTES = {"main": "x floor", "add": "x memcpy", "device": "x device floor"}
+# Rows timed in rounds with a floor call of their own divide by that floor row instead.
+_OWN_FLOOR = {"lucid.prioritized_update": "floor.update"}
 
 
 def _ratio(rows: dict[str, Row], top: str, bottom: str, *, minima: bool = False) -> float | None:
@@ -224,8 +244,8 @@ def annotate(rows: list[Row]) -> None:
     """Fill each row's ratio to its group's baseline (or to the smallest size)."""
     measured = {r.id: r for r in rows if r.measured and r.median_ms is not None}
     for row in measured.values():
-        baseline = _BASELINES.get(row.group)
-        if baseline is not None and row.id != baseline:
+        baseline = _OWN_FLOOR.get(row.id, _BASELINES.get(row.group))
+        if baseline is not None and baseline in measured and row.id != baseline:
             row.ratio, row.ratio_note = (
                 _ratio(measured, row.id, baseline),
                 _BASELINE_NOTES[row.group],

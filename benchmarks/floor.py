@@ -9,6 +9,10 @@ window positions: 64 index sets are prepared up front and cycled, so a call read
 no recent call touched, as a sampler does (the "cold floor"), rather than the few MB the
 previous call left in cache.
 
+``huge_pages=True`` asks the kernel for transparent huge pages for the storage before it is
+filled, as lucid_replay's ring does for its own fields: the page shows that floor beside the
+bars' floor, which is plain torch memory, as a user's own tensors are.
+
 Two variants share the storage and the index cycle (so neither re-reads what the other just
 read):
 
@@ -27,6 +31,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from benchmarks.config import Config
+from lucid_replay import hugepages
 
 INDEX_SETS = 64  # prepared window sets, cycled: each holds B windows at random positions
 
@@ -42,11 +47,14 @@ class GatherFloor:
         capacity: int,
         *,
         device: str | torch.device = "cpu",
+        huge_pages: bool = False,
     ) -> None:
         span = 1 + config.dilation * (config.window_size - 1)
         if capacity < span:
             raise ValueError(f"capacity must be at least one window ({span}), got {capacity}")
-        self.storage = {name: _filled(values, capacity, device) for name, values in source.items()}
+        self.storage = {
+            name: _filled(values, capacity, device, huge_pages) for name, values in source.items()
+        }
         generator = torch.Generator().manual_seed(config.seed + 7)
         record = torch.arange(config.window_size) * config.dilation
         starts = torch.randint(
@@ -93,10 +101,14 @@ class GatherFloor:
         return gather
 
 
-def _filled(values: torch.Tensor, capacity: int, device: str | torch.device) -> torch.Tensor:
+def _filled(
+    values: torch.Tensor, capacity: int, device: str | torch.device, huge_pages: bool
+) -> torch.Tensor:
     """``capacity`` records shaped like ``values``'s, filled with its records (tiled), so every
     page is written once before timing and no call pays a first-touch fault."""
     storage = torch.empty((capacity, *values.shape[1:]), dtype=values.dtype, device=device)
+    if huge_pages:
+        hugepages.advise(storage)
     count = int(values.shape[0])
     for begin in range(0, capacity, count):
         size = min(count, capacity - begin)

@@ -51,14 +51,19 @@ def add_episode(config: Config, dataset: Dataset) -> Episode:
 
 
 def sampling_rows(
-    config: Config, floor: GatherFloor, buffer: PrioritizedSequenceReplay | None
+    config: Config,
+    floor: GatherFloor,
+    buffer: PrioritizedSequenceReplay | None,
+    huge_floor: GatherFloor | None = None,
 ) -> list[Row]:
-    """The gather floor (both variants) and, given a buffer, lucid_replay's sampling rows.
+    """The gather floor (both variants, and on huge pages given ``huge_floor``) and, given a
+    buffer, lucid_replay's sampling rows.
 
     The floor, its preallocated variant and the two sample-only rows are timed in rounds
     (`measure_rounds`), so their ratios compare calls made under the same load. Sample +
-    update runs on its own afterwards: its priority updates would make the next prioritized
-    draw refresh its tree.
+    update is timed afterwards in rounds of its own with the floor (row ``floor.update``, the
+    denominator of its bar): in the first rounds its priority updates would make the next
+    prioritized sample-only call refresh its tree.
     """
     window = reference_window(config)
     errors = window_errors(config)
@@ -67,6 +72,8 @@ def sampling_rows(
         "floor": floor,
         "floor.out": floor.into_preallocated(),
     }
+    if huge_floor is not None:
+        calls["floor.huge"] = huge_floor
     if buffer is not None:
         calls["lucid.uniform"] = lambda: buffer.sample_windows(batch, window, prioritized=False)
         calls["lucid.prioritized"] = lambda: buffer.sample_windows(batch, window)
@@ -96,6 +103,16 @@ def sampling_rows(
             note=note,
         ),
     ]
+    if huge_floor is not None:
+        rows.append(
+            Row.timed(
+                "floor.huge",
+                f"gather floor of {records} from memory in transparent huge pages, as the "
+                "ring's fields are",
+                timings["floor.huge"],
+                note=note,
+            )
+        )
     if buffer is None:
         return rows
 
@@ -103,8 +120,17 @@ def sampling_rows(
         drawn = buffer.sample_windows(batch, window)
         return buffer.update_priorities_from(drawn, errors)
 
+    beside_update = measure_rounds(
+        {"floor": floor, "update": prioritized_update}, reps=config.reps, warmup=config.warmup
+    )
     return [
         *rows,
+        Row.timed(
+            "floor.update",
+            f"gather floor of {records}, timed in rounds with sample + update",
+            beside_update["floor"],
+            note=note,
+        ),
         Row.timed(
             "lucid.uniform", "lucid_replay sample_windows, uniform", timings["lucid.uniform"]
         ),
@@ -116,7 +142,7 @@ def sampling_rows(
         Row.timed(
             "lucid.prioritized_update",
             "lucid_replay prioritized sample_windows + update_priorities_from",
-            measure(prioritized_update, reps=config.reps, warmup=config.warmup),
+            beside_update["update"],
         ),
     ]
 

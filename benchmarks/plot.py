@@ -8,7 +8,15 @@ from pathlib import Path
 from benchmarks.results_file import Pass
 from benchmarks.rows import Row
 
-_REFERENCE_IDS = ("floor", "floor.out", "add.memcpy", "add.memcpy_hot", "add.copy_fields")
+_REFERENCE_IDS = (
+    "floor",
+    "floor.out",
+    "floor.update",
+    "floor.huge",
+    "add.memcpy",
+    "add.memcpy_hot",
+    "add.copy_fields",
+)
 _LINE_STYLES = ("-", "--", "-.", ":")
 _SERIES_COLOURS = {
     "gather floor": "#555555",

@@ -136,9 +136,10 @@ def measure_pass(args: argparse.Namespace) -> Pass:
     if only("floor") or only("lucid"):
         log("gather floor and lucid_replay sampling, in rounds")
         floor = GatherFloor(config, dataset.fields, config.transitions)
+        huge = GatherFloor(config, dataset.fields, config.transitions, huge_pages=True)
         sampled = buffer if only("lucid") else None
-        rows += [r for r in lucid_rows.sampling_rows(config, floor, sampled) if only(r.id)]
-        del floor
+        rows += [r for r in lucid_rows.sampling_rows(config, floor, sampled, huge) if only(r.id)]
+        del floor, huge
     if needs_buffer and only("memory"):
         rows += lucid_rows.memory_rows(config, buffer, dataset)
         rows.append(torchrl_rows.torchrl_memory_row(config))
