@@ -425,8 +425,9 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
     records = (arrays.engine(offsets[:, 0] * 0), arrays.engine(offsets))
     expected = ring.gather(ring.slots(offsets, oldest))
     threads = torch.get_num_threads()
-    # Into new tensors, and into preallocated ones (the compiled gather) with one thread and
-    # with two (runs by index_select, repairs by the kernel).
+    # Into new tensors, and into preallocated ones (the compiled gather: runs by index_select
+    # and repairs by the kernel, or every run by the kernel when most records are clamped or
+    # a run is longer than the ring) with one thread and with two.
     for into, count in ((False, 1), (True, 1), (True, 2)):
         out = {k: torch.full_like(v, 7) for k, v in expected.items()} if into else None
         torch.set_num_threads(count)
