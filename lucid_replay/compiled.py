@@ -283,44 +283,42 @@ def gather_records(
     slots, or repeating one slot, are copied as one run. If ``copied``, every field already
     holds the run of every window whose run from slot ``firsts[b] % capacity`` lies inside
     the ring: of those windows only the records that are not exact are copied. ``runs`` is
-    scratch memory, int64 ``[4, 2 * size]`` (allocating it here would put small blocks among
-    the batches on the heap, which a stock allocator then trims and faults back in).
+    scratch memory, int64 ``[4, size]`` (allocating it here would put small blocks
+    among the batches on the heap, which a stock allocator then trims and faults back in).
     """
-    # Window b's runs: columns 0 .. every - 1 of `runs` cover all its records, columns
-    # size .. size + clamped - 1 only those that are not exact.
+    # Window b's runs, in the first columns of `runs`: those of the records it copies.
     checked = exact.shape[0] > 0
     for b in range(firsts.shape[0]):
         whole = True
         if checked:
             for k in range(size):
-                whole &= exact[b, k]
+                if not exact[b, k]:
+                    whole = False
+                    break
         first = firsts[b] % capacity  # the slot `copied` runs started at
         inside = first + stride * (size - 1) < capacity
-        every = clamped = 0
+        repair = copied and inside  # its run is in place: only its inexact records
+        if repair and whole:
+            continue
+        count = 0
         if whole and inside and stride == 1:  # the common case: one block
-            every = _add_record(runs, 0, 0, 0, first)
+            count = _add_record(runs, 0, 0, 0, first)
             runs[2, 0] = size
         else:
             for k in range(size):
                 exact_k = whole or exact[b, k]
+                if repair and exact_k:
+                    continue
                 slot = (firsts[b] + stride * k if exact_k else starts[b] + steps[b, k]) - base
                 if slot >= capacity:
                     slot -= capacity
                 if not 0 <= slot < capacity:  # never for stored offsets: a raw-memory guard
                     raise IndexError("gather_records: an offset outside the stored range")
-                every = _add_record(runs, 0, every, k, slot)
-                if not exact_k:
-                    clamped = _add_record(runs, size, clamped, k, slot)
+                count = _add_record(runs, 0, count, k, slot)
         for f in range(targets.shape[0]):
-            if copied and inside:  # its run is in place: at most repairs
-                if whole:
-                    continue
-                low, high = size, size + clamped
-            else:
-                low, high = 0, every
             width = row_bytes[f]
             into = targets[f] + b * size * width
-            for r in range(low, high):
+            for r in range(count):
                 _copy_run(into, sources[f], width, runs[:, r])
 
 

@@ -280,8 +280,8 @@ class TransitionRing:
     def _scratch_runs(self, size: int) -> np.ndarray:
         """Scratch for the compiled gather of windows of ``size`` records, kept between calls."""
         runs = self._runs_scratch
-        if runs.shape[1] < 2 * size:
-            runs = self._runs_scratch = np.empty((4, 2 * size), dtype=np.int64)
+        if runs.shape[1] < size:
+            runs = self._runs_scratch = np.empty((4, size), dtype=np.int64)
         return runs
 
     def _repair(self, result: Mapping[str, torch.Tensor], where: Array, slots: Array) -> None:
