@@ -3,12 +3,11 @@
 A sampled batch reads 256 windows at random places in the ring. With 4 KiB pages, each
 window of each field starts on a page the TLB has not seen, and the page walk to find it
 misses the cache too once the ring is larger than the TLB covers (a few MB). On the
-reference machine, with one thread, sampling from a 10M-transition ring (2.7 GB) took 8% less
-time with 2 MiB pages, and from a 1M-transition one 10% less. So, as numpy does for its own
-arrays over 4 MB, a ring field asks the kernel
-for transparent huge pages (``madvise(MADV_HUGEPAGE)``) over the part of its memory that
-spans whole huge pages, before anything is written there, so its first writes already fault
-in huge pages.
+reference machine, with one thread, sampling from a 10M-transition ring (2.7 GB) took 8%
+less time with 2 MiB pages, and from a 1M-transition one 10% less. So, as numpy does for
+its own arrays over 4 MB, a ring field asks the kernel for transparent huge pages
+(``madvise(MADV_HUGEPAGE)``) over the part of its memory that spans whole huge pages, before
+anything is written there, so that its first writes already fault in huge pages.
 
 Linux only, and only advice: where the kernel has transparent huge pages turned off
 (``/sys/kernel/mm/transparent_hugepage/enabled`` set to ``never``), or runs elsewhere, the
