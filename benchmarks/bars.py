@@ -2,8 +2,8 @@
 
 Each bar is a ratio of medians measured in the same pass (the same ratio from the minima is
 reported beside it). `BARS` compares two rows; `FLAT_BARS` compares one series over the sizes
-of a scaling group; the memory bar reads the memory rows. A spec without a ``limit`` is a
-comparison shown beside the bars, with no requirement.
+of a scaling group; the memory bar reads the memory rows. `BESIDE` holds comparisons of two
+rows shown beside the bars, with no limit and so no requirement.
 """
 
 from __future__ import annotations
@@ -72,6 +72,13 @@ class Bar:
     note: str = ""  # context shown after the verdict
 
 
+def _beside(
+    name: str, numerator: str, denominator: str, *, fmt: str = "{:.2f}x", faster: bool = False
+) -> BarSpec:
+    """A comparison shown beside the bars: no limit, so no requirement to name."""
+    return BarSpec(name, numerator, denominator, None, not faster, fmt, versus="")
+
+
 FLOOR = "the cold floor"
 BARS = (
     BarSpec(
@@ -119,77 +126,35 @@ BARS = (
         fmt="{:.1f}x",
         versus="memcpy",
     ),
-    BarSpec(
-        name="the floor with outputs preallocated (out=) vs the floor",
-        numerator="floor.out",
-        denominator="floor",
-        limit=None,
-        at_most=True,
-        fmt="{:.2f}x",
-        versus=FLOOR,
+)
+# Comparisons shown beside the bars, with no requirement.
+BESIDE = (
+    _beside("the floor with outputs preallocated (out=) vs the floor", "floor.out", "floor"),
+    _beside("the floor from huge-page memory (as the ring's) vs the floor", "floor.huge", "floor"),
+    _beside(
+        "uniform sample_windows vs the floor from huge-page memory", "lucid.uniform", "floor.huge"
     ),
-    BarSpec(
-        name="the floor from huge-page memory (as the ring's) vs the floor",
-        numerator="floor.huge",
-        denominator="floor",
-        limit=None,
-        at_most=True,
-        fmt="{:.2f}x",
-        versus=FLOOR,
+    _beside(
+        "uniform sample_windows vs the floor with preallocated outputs",
+        "lucid.uniform",
+        "floor.out",
     ),
-    BarSpec(
-        name="uniform sample_windows vs the floor from huge-page memory",
-        numerator="lucid.uniform",
-        denominator="floor.huge",
-        limit=None,
-        at_most=True,
-        fmt="{:.2f}x",
-        versus="huge-page floor",
-    ),
-    BarSpec(
-        name="uniform sample_windows vs the floor with preallocated outputs",
-        numerator="lucid.uniform",
-        denominator="floor.out",
-        limit=None,
-        at_most=True,
-        fmt="{:.2f}x",
-        versus="preallocated floor",
-    ),
-    BarSpec(
-        name="uniform sample-only vs TorchRL's RandomSampler (hot boundary cache)",
-        numerator="torchrl.uniform",
-        denominator="lucid.uniform.paired",
-        limit=None,
-        at_most=False,
+    _beside(
+        "uniform sample-only vs TorchRL's RandomSampler (hot boundary cache)",
+        "torchrl.uniform",
+        "lucid.uniform.paired",
         fmt="{:.1f}x faster",
-        versus="TorchRL",
+        faster=True,
     ),
-    BarSpec(
-        name="add vs a cache-hot memcpy of its bytes",
-        numerator="add.lucid",
-        denominator="add.memcpy_hot",
-        limit=None,
-        at_most=True,
+    _beside("add vs a cache-hot memcpy of its bytes", "add.lucid", "add.memcpy_hot", fmt="{:.1f}x"),
+    _beside(
+        "add vs a cache-hot copy of its bytes field by field",
+        "add.lucid",
+        "add.copy_fields",
         fmt="{:.1f}x",
-        versus="memcpy",
     ),
-    BarSpec(
-        name="add vs a cache-hot copy of its bytes field by field",
-        numerator="add.lucid",
-        denominator="add.copy_fields",
-        limit=None,
-        at_most=True,
-        fmt="{:.1f}x",
-        versus="copy",
-    ),
-    BarSpec(
-        name="prioritized sample + update on the device vs the floor there",
-        numerator="device",
-        denominator="device.floor",
-        limit=None,
-        at_most=True,
-        fmt="{:.2f}x",
-        versus="device floor",
+    _beside(
+        "prioritized sample + update on the device vs the floor there", "device", "device.floor"
     ),
 )
 FLAT_BARS = (
@@ -335,7 +300,7 @@ def evaluate(rows: list[Row]) -> list[Bar]:
     """Annotate ``rows`` with their ratios and return every bar's verdict on them."""
     annotate(rows)
     measured = {r.id: r for r in rows if r.measured and r.median_ms is not None}
-    bars = [_pair_bar(spec, measured) for spec in BARS]
+    bars = [_pair_bar(spec, measured) for spec in (*BARS, *BESIDE)]
     bars += [_flat_bar(spec, rows) for spec in FLAT_BARS]
     memory = _memory_bar(rows)
     return bars if memory is None else [*bars, memory]
