@@ -6,7 +6,8 @@ function through a closure is compiled again in every process).
 Raw memory access on int64 addresses, which numba lacks: ``memcpy(target, source, count)``
 copies ``count`` bytes (LLVM's memcpy: a 28 kB run several times faster than an element loop);
 ``load_word`` / ``store_word`` and ``load_byte`` / ``store_byte`` move an unaligned 8-byte and a
-1-byte unsigned integer.
+1-byte unsigned integer; ``prefetch_read`` / ``prefetch_write`` hint that a cache line is about
+to be read or written (LLVM's prefetch: never faults, changes no byte).
 """
 
 from __future__ import annotations
@@ -64,6 +65,28 @@ def _access(bits: int) -> tuple[Any, Any]:
 
 load_word, store_word = _access(64)
 load_byte, store_byte = _access(8)
+
+
+def _prefetch(write: int) -> Any:
+    """``prefetch(address)``: fetch the line of ``address`` into every cache level."""
+
+    def prefetch(typing_context: Any, address: Any) -> Any:
+        def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            word = ir.IntType(32)
+            function = builder.module.declare_intrinsic(
+                "llvm.prefetch", [pointer], ir.FunctionType(ir.VoidType(), [pointer, *[word] * 3])
+            )
+            # read (0) or write (1); locality 3: keep it in all levels; 1: a data cache
+            where = builder.inttoptr(args[0], pointer)
+            builder.call(function, [where, word(write), word(3), word(1)])
+            return context.get_dummy_value()
+
+        return types.void(types.int64), generate
+
+    return intrinsic(prefetch)
+
+
+prefetch_read, prefetch_write = _prefetch(0), _prefetch(1)
 
 
 @jit
@@ -259,6 +282,48 @@ def _copy_run(into: int, source: int, width: int, run: np.ndarray) -> None:
 
 
 @jit
+def _slot(
+    firsts: np.ndarray,
+    stride: int,
+    exact: bool,
+    starts: np.ndarray,
+    steps: np.ndarray,
+    capacity: int,
+    base: int,
+    b: int,
+    k: int,
+) -> int:
+    """The ring slot of record ``k`` of window ``b`` (`gather_records`' arguments)."""
+    slot: int = (firsts[b] + stride * k if exact else starts[b] + steps[b, k]) - base
+    return slot - capacity if slot >= capacity else slot
+
+
+@jit
+def _prefetch_reads(sources: np.ndarray, row_bytes: np.ndarray, slot: int, capacity: int) -> None:
+    """Start the cache misses of ring ``slot`` in every field (none outside the ring)."""
+    if 0 <= slot < capacity:
+        for f in range(sources.shape[0]):
+            prefetch_read(sources[f] + slot * row_bytes[f])
+
+
+@jit
+def _prefetch_writes(targets: np.ndarray, row_bytes: np.ndarray, b: int, size: int) -> None:
+    """Start the cache misses of window ``b``'s batch rows where they span 16 lines at most.
+
+    A larger field's rows are written by one long copy, which the hardware prefetches.
+    """
+    for f in range(targets.shape[0]):
+        span = size * row_bytes[f]
+        if span <= 1024:
+            into = targets[f] + b * span
+            for line in range(into - into % 64, into + span, 64):
+                prefetch_write(line)
+
+
+_AHEAD = 4  # windows between a prefetch and its copy
+
+
+@jit
 def gather_records(
     targets: np.ndarray,
     sources: np.ndarray,
@@ -285,10 +350,23 @@ def gather_records(
     the ring: of those windows only the records that are not exact are copied. ``runs`` is
     scratch memory, int64 ``[4, size]`` (allocating it here would put small blocks
     among the batches on the heap, which a stock allocator then trims and faults back in).
+
+    When it copies every window (not ``copied``), it prefetches the ends of the window
+    `_AHEAD` places on: short episodes' windows are mostly records clamped to a step read
+    from cold memory, and without it each window's misses wait for the previous window's
+    (10% of a prioritized sample + update at 100k and 1M episodes of 40 and 4 steps).
     """
     # Window b's runs, in the first columns of `runs`: those of the records it copies.
     checked = exact.shape[0] > 0
-    for b in range(firsts.shape[0]):
+    windows = firsts.shape[0]
+    for b in range(windows):
+        if not copied:  # windows 0 .. _AHEAD first, then one _AHEAD places on per window
+            for a in range(b + _AHEAD if b else 0, min(b + _AHEAD + 1, windows)):
+                for k in (0, size - 1):  # the steps a short episode's clamped records repeat
+                    exact_k = not checked or exact[a, k]
+                    slot = _slot(firsts, stride, exact_k, starts, steps, capacity, base, a, k)
+                    _prefetch_reads(sources, row_bytes, slot, capacity)
+                _prefetch_writes(targets, row_bytes, a, size)
         whole = True
         if checked:
             for k in range(size):
@@ -309,9 +387,7 @@ def gather_records(
                 exact_k = whole or exact[b, k]
                 if repair and exact_k:
                     continue
-                slot = (firsts[b] + stride * k if exact_k else starts[b] + steps[b, k]) - base
-                if slot >= capacity:
-                    slot -= capacity
+                slot = _slot(firsts, stride, exact_k, starts, steps, capacity, base, b, k)
                 if not 0 <= slot < capacity:  # never for stored offsets: a raw-memory guard
                     raise IndexError("gather_records: an offset outside the stored range")
                 count = _add_record(runs, 0, count, k, slot)
