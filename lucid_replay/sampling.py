@@ -378,7 +378,12 @@ class _CachedTree:
             return
         self.pending.append(rows)
         self.pending_count += 1 if isinstance(rows, int) else rows.numel()
-        if self.pending_count * 8 > row_count:  # k log E updates would exceed an O(E) build
+        # More pending rows than rows: a build computes fewer leaves than the refresh would.
+        # Below that the refresh is the cheaper one: its O(k log E) node updates are one
+        # compiled loop (or log E array ops), a build's O(E) work some 30 array ops. Rebuilding
+        # from k = E / 8 on, as before, cost 0.12-0.24 ms of each 1.2-2.2 ms sample + update
+        # of 256 windows from 1,000 episodes.
+        if self.pending_count > row_count:
             self.stale, self.pending, self.pending_count = True, [], 0
 
     def take_pending(self, device: torch.device) -> Array:

@@ -201,6 +201,39 @@ def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
         assert float(sum_tree.total(tree)) * scale == pytest.approx(expected.sum(), rel=1e-12)
 
 
+def test_trees_refresh_changed_rows_until_more_are_pending_than_rows() -> None:
+    """Updates of a quarter of the rows at a time refresh the cached tree in place (exact
+    leaves, same scale); only more pending rows than the table has make a draw rebuild it."""
+    rng = np.random.default_rng(7)
+    alpha, span, batch = 0.6, 3, 256
+    buffer = PrioritizedSequenceReplay(8_000, alpha=alpha, epsilon=EPSILON, seed=7)
+    lengths = rng.integers(3, 9, 1_000).tolist()
+    ids = buffer.extend(make_episode(n, first_serial=0) for n in lengths)
+    sampler = buffer._core.sampler
+    rows_total = buffer._core.store.table.row_count
+    assert rows_total == 1_024
+
+    def some(start: int) -> list[int]:
+        return [ids[(start + j) % len(ids)] for j in range(batch)]
+
+    buffer.sample_prioritized(8, span)
+    cached = sampler._cached(span, alpha)
+    for start in range(0, rows_total, batch):  # rows_total pending rows in all
+        buffer.update_priorities(some(start), rng.exponential(size=batch) * 5)
+        buffer.sample_prioritized(8, span)
+        assert sampler._cached(span, alpha) is cached
+    assert list(buffer.episode_ids) == ids  # nothing evicted: priorities in this order
+    rows = buffer._core.store.table.rows_of(torch.tensor(ids)).numpy()
+    expected = np.zeros(rows_total)
+    masses = (buffer.priorities.numpy() / cached.scale) ** alpha
+    expected[rows] = eligible_starts(lengths, span) * masses
+    np.testing.assert_allclose(sum_tree.leaves(cached.nodes).numpy(), expected, rtol=1e-12)
+    for start in range(0, rows_total + 1, batch):  # more pending than rows, no draw between
+        buffer.update_priorities(some(start), np.ones(batch))
+    buffer.sample_prioritized(8, span)
+    assert sampler._cached(span, alpha) is not cached
+
+
 def _two_episode_pvalue(buffer, ids, probs, draws=DRAWS) -> float:
     """Chi-square p-value of ``draws`` prioritized chunks' episodes against ``probs``."""
     batch = buffer.sample_prioritized(draws, 3)
