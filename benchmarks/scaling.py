@@ -7,6 +7,7 @@ contents do not matter to the timings), one size at a time, and freed before the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -25,7 +26,7 @@ from benchmarks.lucid_rows import (
     window_errors,
 )
 from benchmarks.rows import Only, Row, release
-from benchmarks.timing import CacheSweep, Timing, measure, measure_rounds
+from benchmarks.timing import CacheSweep, measure_rounds
 from lucid_replay import PrioritizedSequenceReplay, Window
 
 
@@ -35,20 +36,6 @@ def _label(count: int) -> str:
 
 def _constant(length: int, _: int) -> int:
     return length
-
-
-def _time_sample_update(
-    config: Config,
-    buffer: PrioritizedSequenceReplay,
-    window: Window,
-    errors: torch.Tensor,
-    sweep: CacheSweep,
-) -> Timing:
-    def step() -> object:
-        drawn = buffer.sample_windows(config.batch, window)
-        return buffer.update_priorities_from(drawn, errors)
-
-    return measure(step, reps=config.reps, warmup=config.warmup, before=sweep)
 
 
 def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
@@ -142,46 +129,105 @@ def episode_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
     """Sample + update at E episodes of ``episode_total // E`` steps (``allow_partial`` windows).
 
     ``allow_partial=True`` (every stored step is an anchor, TorchRL's semantics) keeps the same
-    256 x 109 records per batch when episodes are shorter than the learning region.
+    256 x 109 records per batch when episodes are shorter than the learning region. As for the
+    transition rows, every size's buffer is built first and each round times every size once,
+    after a `CacheSweep` (every size reads its table, trees and data from memory), so a burst
+    of load lands on all sizes rather than on whichever one was being timed.
     """
     rows: list[Row] = []
     window = reference_window(config, allow_partial=True)
     errors = window_errors(config)
     group = "scale_episodes"
-    sweep = CacheSweep()  # every size reads its table, trees and data from memory
-    for count in config.scale_episodes:
-        tag = _label(count)
-        length = max(1, config.episode_total // count)
-        capacity = length * count
-        extra: dict[str, object] = {
-            "episodes": count,
-            "episode_length": length,
-            "transitions": capacity,
-        }
-        steps = functools.partial(_constant, length)
-        if only("scale.E.lucid"):
-            buffer = scaled_buffer(config, capacity, steps, count, source)
-            timing = _time_sample_update(config, buffer, window, errors, sweep)
-            stored = buffer.stats()["episodes_stored"]
-            rows.append(
-                Row.timed(
-                    f"scale.E.{tag}.lucid",
-                    f"lucid_replay prioritized sample + update, {tag} episodes of {length} steps",
-                    timing,
-                    group=group,
-                    extra={
-                        **extra,
-                        "series": "lucid",
-                        "metadata_bytes_per_episode": metadata_bytes(buffer) / stored,
-                        "table_bytes_per_episode": buffer.memory_usage()["table_bytes"] / stored,
-                    },
-                )
-            )
-            del buffer
-            release()
-        if not only("scale.E.naive"):
+    buffers: dict[str, PrioritizedSequenceReplay] = {}
+    sizes = {
+        _label(count): _EpisodeSize(count, max(1, config.episode_total // count))
+        for count in config.scale_episodes
+    }
+    built = 0
+    for tag, size in sizes.items() if only("scale.E.lucid") else ():
+        if not fits(config, built + size.transitions, copies=2.0):
+            label = f"lucid_replay prioritized sample + update, {size.label}"
+            reason = f"{size.transitions} more transitions need more memory than is free"
+            rows.append(Row.not_measured(f"scale.E.{tag}.lucid", label, reason, group=group))
             continue
-        label = f"naive prioritized sample + update, {tag} episodes of {length} steps"
+        steps = functools.partial(_constant, size.length)
+        buffers[tag] = scaled_buffer(config, size.transitions, steps, size.episodes, source)
+        built += size.transitions
+    calls = {
+        tag: functools.partial(_sample_update, buffer, config.batch, window, errors)
+        for tag, buffer in buffers.items()
+    }
+    timings = (
+        measure_rounds(calls, reps=config.reps, warmup=config.warmup, before=CacheSweep())
+        if calls
+        else {}
+    )
+    for tag, timing in timings.items():
+        buffer = buffers[tag]
+        stored = buffer.stats()["episodes_stored"]
+        rows.append(
+            Row.timed(
+                f"scale.E.{tag}.lucid",
+                f"lucid_replay prioritized sample + update, {sizes[tag].label}",
+                timing,
+                group=group,
+                extra={
+                    **sizes[tag].extra(),
+                    "series": "lucid",
+                    "metadata_bytes_per_episode": metadata_bytes(buffer) / stored,
+                    "table_bytes_per_episode": buffer.memory_usage()["table_bytes"] / stored,
+                },
+            )
+        )
+    buffers.clear()
+    release()
+    if only("scale.E.naive"):
+        rows += _naive_episode_rows(config, source, errors, sizes)
+    return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class _EpisodeSize:
+    """``episodes`` episodes of ``length`` steps."""
+
+    episodes: int
+    length: int
+
+    @property
+    def transitions(self) -> int:
+        return self.length * self.episodes
+
+    @property
+    def label(self) -> str:
+        return f"{_label(self.episodes)} episodes of {self.length} steps"
+
+    def extra(self) -> dict[str, object]:
+        return {
+            "episodes": self.episodes,
+            "episode_length": self.length,
+            "transitions": self.transitions,
+        }
+
+
+def _sample_update(
+    buffer: PrioritizedSequenceReplay, batch: int, window: Window, errors: torch.Tensor
+) -> object:
+    drawn = buffer.sample_windows(batch, window)
+    return buffer.update_priorities_from(drawn, errors)
+
+
+def _naive_episode_rows(
+    config: Config,
+    source: Dataset,
+    errors: torch.Tensor,
+    sizes: dict[str, _EpisodeSize],
+) -> list[Row]:
+    """The naive baseline at each episode count it is built for, one size at a time."""
+    rows: list[Row] = []
+    group = "scale_episodes"
+    for tag, size in sizes.items():
+        count, length = size.episodes, size.length
+        label = f"naive prioritized sample + update, {size.label}"
         if count > config.naive_max_episodes:
             reason = (
                 f"the naive buffer is only built up to {config.naive_max_episodes} episodes "
@@ -189,14 +235,15 @@ def episode_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
             )
             rows.append(Row.not_measured(f"scale.E.{tag}.naive", label, reason, group=group))
             continue
-        baseline = naive.build(config, capacity, steps, count, source)
+        steps = functools.partial(_constant, length)
+        baseline = naive.build(config, length * count, steps, count, source)
         rows.append(
             Row.timed(
                 f"scale.E.{tag}.naive",
                 label,
                 naive.time_sample(config, baseline, errors, allow_partial=True),
                 group=group,
-                extra={**extra, "series": "naive"},
+                extra={**size.extra(), "series": "naive"},
             )
         )
         del baseline
