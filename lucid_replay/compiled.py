@@ -324,6 +324,33 @@ _AHEAD = 4  # windows between a prefetch and its copy
 
 
 @jit
+def copy_blocks(
+    targets: np.ndarray,
+    sources: np.ndarray,
+    row_bytes: np.ndarray,
+    slots: np.ndarray,
+    size: int,
+    capacity: int,
+) -> None:
+    """Copy the ``size`` records from ring slot ``slots[b]`` on into batch row ``b``.
+
+    For every field (`gather_records`' ``targets``, ``sources`` and ``row_bytes``): field by
+    field, so that each field's blocks stream one after another, one block per window, with
+    the block `_AHEAD` windows on prefetched.
+    """
+    windows = slots.shape[0]
+    for b in range(windows):
+        if not 0 <= slots[b] <= capacity - size:  # a raw-memory guard, as in gather_records
+            raise IndexError("copy_blocks: a block outside the ring")
+    for f in range(targets.shape[0]):
+        block = size * row_bytes[f]
+        for b in range(windows):
+            if b + _AHEAD < windows:
+                prefetch_read(sources[f] + slots[b + _AHEAD] * row_bytes[f])
+            copy(targets[f] + b * block, sources[f] + slots[b] * row_bytes[f], block)
+
+
+@jit
 def gather_records(
     targets: np.ndarray,
     sources: np.ndarray,
@@ -399,6 +426,7 @@ def gather_records(
 
 
 KERNELS: dict[str, Any] = {
+    "copy_blocks": copy_blocks,
     "gather_records": gather_records,
     "count": count,
     "draw_rows": draw_rows,

@@ -425,9 +425,10 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
     records = (arrays.engine(offsets[:, 0] * 0), arrays.engine(offsets))
     expected = ring.gather(ring.slots(offsets, oldest))
     threads = torch.get_num_threads()
-    # Into new tensors, and into preallocated ones (the compiled gather: runs by index_select
-    # and repairs by the kernel, or every run by the kernel when most records are clamped or
-    # a run is longer than the ring) with one thread and with two.
+    # Into new tensors, and into preallocated ones (the compiled gather: runs copied by a
+    # kernel with one thread and stride 1, else by index_select, then repaired by a kernel;
+    # or every run by the kernel when most records are clamped or a run is longer than the
+    # ring) with one thread and with two.
     for into, count in ((False, 1), (True, 1), (True, 2)):
         out = {k: torch.full_like(v, 7) for k, v in expected.items()} if into else None
         torch.set_num_threads(count)
@@ -453,3 +454,22 @@ def test_compiled_gather_refuses_an_offset_outside_the_ring(index_engine):
     out = {"x": torch.empty(1, 2, 3)}
     with pytest.raises(IndexError, match="outside the stored range"):
         ring.gather_runs(torch.tensor([0]), 2, 1, records, exact, 0, out)
+
+
+def test_compiled_block_copy_refuses_a_block_outside_the_ring(index_engine):
+    """The kernel that copies whole runs checks every block before it writes a byte."""
+    if index_engine != "kernels":
+        pytest.skip("the guard is the compiled gather's")
+    from lucid_replay import kernels
+
+    copy_blocks = kernels.get()["copy_blocks"]
+    ring = torch.arange(10, dtype=torch.float32)
+    out = torch.zeros(2, 4)
+    addresses = (np.array([out.data_ptr()]), np.array([ring.data_ptr()]), np.array([4]))
+    copy_blocks(*addresses, np.array([6, 2]), 4, 10)  # the last block that fits: slots 6-9
+    assert out.tolist() == [[6, 7, 8, 9], [2, 3, 4, 5]]
+    for slots in ([0, 7], [-1, 0]):
+        out.zero_()
+        with pytest.raises(IndexError, match="outside the ring"):
+            copy_blocks(*addresses, np.array(slots), 4, 10)
+        assert not out.any()  # refused before the first copy
