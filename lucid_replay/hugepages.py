@@ -9,6 +9,14 @@ its own arrays over 4 MB, a ring field asks the kernel for transparent huge page
 (``madvise(MADV_HUGEPAGE)``) over the part of its memory that spans whole huge pages, before
 anything is written there, so that its first writes already fault in huge pages.
 
+The advice alone does not move pages that are already faulted in, and a stock allocator
+hands back such memory: glibc serves allocations below its mmap threshold (which rises to
+32 MiB once a block that large was freed) from its heap, whose pages stay mapped. In one
+benchmark process, after larger rings were freed, four of a new ring's six fields (4 to 16
+MiB each) had no huge page at all. So the ring also asks for those to be collapsed into huge
+pages now (``MADV_COLLAPSE``, Linux 6.1 and later), which on memory never touched fails at
+once, as there is nothing to collapse, and changes nothing.
+
 Linux only, and only advice: where the kernel has transparent huge pages turned off
 (``/sys/kernel/mm/transparent_hugepage/enabled`` set to ``never``), or runs elsewhere, the
 call does nothing and nothing fails. The contents of the memory are never affected.
@@ -27,12 +35,18 @@ import torch
 __all__: list[str] = []  # internal module
 
 _SIZE_FILE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
+_ENABLED_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _DEFAULT_SIZE = 2 * 2**20
+_MADV_COLLAPSE = 25  # <linux/mman.h>; Python's mmap module names it from 3.12 on only
 
 
 @functools.cache
-def _madvise() -> tuple[Callable[[int, int, int], int], int, int] | None:
-    """The C library's ``madvise``, ``MADV_HUGEPAGE`` and the huge page size (None: absent)."""
+def _madvise() -> tuple[Callable[[int, int, int], int], int, int | None, int] | None:
+    """The C library's ``madvise`` and its advice for huge pages (None: absent).
+
+    That is ``(madvise, MADV_HUGEPAGE, MADV_COLLAPSE, huge page size)``, the collapse None
+    where huge pages are turned off (it would override that).
+    """
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if not sys.platform.startswith("linux") or advice is None:
         return None
@@ -47,24 +61,32 @@ def _madvise() -> tuple[Callable[[int, int, int], int], int, int] | None:
             size = int(file.read())
     except (OSError, ValueError):
         size = _DEFAULT_SIZE
-    return function, advice, size if size > 0 else _DEFAULT_SIZE
+    try:
+        with open(_ENABLED_FILE) as file:
+            collapse = None if "[never]" in file.read() else _MADV_COLLAPSE
+    except OSError:
+        collapse = None
+    return function, advice, collapse, size if size > 0 else _DEFAULT_SIZE
 
 
 def advise(tensor: torch.Tensor) -> bool:
     """Ask for huge pages over the whole huge pages inside ``tensor``'s memory.
 
     Returns whether the kernel accepted the advice (False for a tensor not on the CPU, one
-    smaller than a huge page, or where the advice is unavailable). Call it before the memory
-    is first written: pages already faulted in stay as they are until the kernel's background
-    collapse gets to them.
+    smaller than a huge page, or where the advice is unavailable). Pages already faulted in
+    are collapsed into huge pages now where the kernel can (best effort: a kernel before 6.1
+    leaves them to its background collapse), so call it before the memory holds anything
+    that must not be copied: the collapse copies it.
     """
     found = _madvise()
     if found is None or tensor.device.type != "cpu":
         return False
-    function, advice, size = found
+    function, advice, collapse, size = found
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
     low, high = -(-start // size) * size, end // size * size
-    if high <= low:
+    if high <= low or function(low, high - low, advice) != 0:
         return False
-    return function(low, high - low, advice) == 0
+    if collapse is not None:
+        function(low, high - low, collapse)  # fails at once where nothing is faulted in
+    return True

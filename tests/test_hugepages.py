@@ -6,6 +6,7 @@ so these tests fail if the ring stops asking, or asks for the wrong range.
 
 from __future__ import annotations
 
+import platform
 import sys
 from pathlib import Path
 
@@ -40,8 +41,35 @@ def _flags_at(address: int) -> set[str]:
 
 
 def _huge_page_inside(tensor: torch.Tensor) -> int:
-    size = hugepages._madvise()[2]  # type: ignore[index]
+    size = hugepages._madvise()[3]  # type: ignore[index]
     return -(-tensor.data_ptr() // size) * size
+
+
+def _mapping_at(address: int) -> dict[str, str]:
+    """The ``smaps`` fields of the mapping that holds ``address`` in this process."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for index, line in enumerate(lines):
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            low, high = (int(x, 16) for x in head.split("-"))
+            if low <= address < high:
+                fields = {}
+                for entry in lines[index + 1 :]:
+                    name, _, value = entry.partition(":")
+                    if not value or " " in name:
+                        break
+                    fields[name] = value.strip()
+                return fields
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _kernel_collapses() -> bool:
+    """``MADV_COLLAPSE`` exists from Linux 6.1 on."""
+    release = platform.release().split(".")
+    try:
+        return (int(release[0]), int(release[1])) >= (6, 1)
+    except (ValueError, IndexError):
+        return False
 
 
 @needs_thp
@@ -87,12 +115,47 @@ def test_a_refused_advice_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch
         return -1  # as madvise does with EINVAL where the kernel has no THP
 
     size = 2 * 2**20
-    monkeypatch.setattr(hugepages, "_madvise", lambda: (refuse, 14, size))
+    monkeypatch.setattr(hugepages, "_madvise", lambda: (refuse, 14, 25, size))
     tensor = torch.empty(4 * size // 4, dtype=torch.float32)  # 8 MiB
     assert hugepages.advise(tensor) is False
-    [(start, length, advice)] = calls
+    [(start, length, advice)] = calls  # refused: no collapse asked for either
     begin, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * 4
     assert start % size == 0 and length % size == 0 and length > 0
     assert begin <= start and start + length <= end  # only whole pages inside the tensor
     assert start - begin < size and end - (start + length) < size  # and all of them
     assert advice == 14
+
+
+@needs_thp
+@pytest.mark.skipif(not _kernel_collapses(), reason="MADV_COLLAPSE needs Linux 6.1")
+def test_memory_faulted_in_before_the_advice_is_collapsed_into_huge_pages() -> None:
+    """Heap memory that an allocator hands back has its pages mapped already, where the
+    advice alone leaves 4 KiB pages: the ring's field must end up on huge pages anyway."""
+    tensor = torch.empty(12 * 2**20, dtype=torch.uint8)
+    tensor.fill_(1)  # faulted in without the advice: 4 KiB pages
+    inside = _huge_page_inside(tensor)
+    assert _mapping_at(inside)["AnonHugePages"] == "0 kB"
+    assert hugepages.advise(tensor) is True
+    mapping = _mapping_at(inside)
+    assert "hg" in mapping["VmFlags"].split()
+    assert mapping["AnonHugePages"] == mapping["Rss"] != "0 kB"
+    assert bool((tensor == 1).all())  # the collapse copied the contents
+
+
+def test_no_collapse_is_asked_for_where_huge_pages_are_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+
+    def accept(start: int, length: int, advice: int) -> int:
+        calls.append(advice)
+        return 0
+
+    size = 2 * 2**20
+    monkeypatch.setattr(hugepages, "_madvise", lambda: (accept, 14, 25, size))
+    assert hugepages.advise(torch.empty(2 * size, dtype=torch.uint8)) is True
+    assert calls == [14, 25]
+    calls.clear()
+    monkeypatch.setattr(hugepages, "_madvise", lambda: (accept, 14, None, size))
+    assert hugepages.advise(torch.empty(2 * size, dtype=torch.uint8)) is True
+    assert calls == [14]
