@@ -10,12 +10,12 @@ its own arrays over 4 MB, a ring field asks the kernel for transparent huge page
 anything is written there, so that its first writes already fault in huge pages.
 
 The advice alone does not move pages that are already faulted in, and a stock allocator
-hands back such memory: glibc serves allocations below its mmap threshold (which rises to
-32 MiB once a block that large was freed) from its heap, whose pages stay mapped. In one
-benchmark process, after larger rings were freed, four of a new ring's six fields (4 to 16
-MiB each) had no huge page at all. So the ring also asks for those to be collapsed into huge
-pages now (``MADV_COLLAPSE``, Linux 6.1 and later), which on memory never touched fails at
-once, as there is nothing to collapse, and changes nothing.
+hands back such memory: glibc serves allocations below its mmap threshold from its heap,
+whose pages stay mapped, and the threshold rises to the size of each mapped block freed (up
+to 32 MiB). In one benchmark process, after larger rings were freed, four of a new ring's
+six fields (4 to 16 MiB each) had no huge page at all. So the ring also asks for those to
+be collapsed into huge pages now (``MADV_COLLAPSE``, Linux 6.1 and later), which on memory
+never touched fails at once, as there is nothing to collapse, and changes nothing.
 
 Linux only, and only advice: where the kernel has transparent huge pages turned off
 (``/sys/kernel/mm/transparent_hugepage/enabled`` set to ``never``), or runs elsewhere, the
