@@ -2,7 +2,9 @@
 
 lucid_replay should stay flat (O(B log E) draws, O(B W) gathers); the naive baseline's O(E)
 draw shows the gap. Buffers are filled with episodes cut from the reference data set (their
-contents do not matter to the timings), one size at a time, and freed before the next.
+contents do not matter to the timings). lucid_replay's buffers of every size are alive
+together and timed in the same rounds; the naive ones are built and timed one size at a
+time, each freed before the next.
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def episode_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
         for count in config.scale_episodes
     }
     built = 0
-    for tag, size in sizes.items() if only("scale.E.lucid") else ():
+    for tag, size in (sizes if only("scale.E.lucid") else {}).items():
         if not fits(config, built + size.transitions, copies=2.0):
             label = f"lucid_replay prioritized sample + update, {size.label}"
             reason = f"{size.transitions} more transitions need more memory than is free"
