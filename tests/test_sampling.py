@@ -218,7 +218,7 @@ def test_trees_refresh_changed_rows_until_more_are_pending_than_rows() -> None:
 
     buffer.sample_prioritized(8, span)
     cached = sampler._cached(span, alpha)
-    for start in range(0, rows_total, batch):  # rows_total pending rows in all
+    for start in range(0, rows_total, batch):  # a quarter of the rows pending at each draw
         buffer.update_priorities(some(start), rng.exponential(size=batch) * 5)
         buffer.sample_prioritized(8, span)
         assert sampler._cached(span, alpha) is cached
