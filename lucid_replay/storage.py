@@ -224,8 +224,9 @@ class TransitionRing:
                     blocks = self._addresses, self._row_bytes, slots, size, self.capacity
                     compiled["copy_blocks"](targets, *blocks)
                 else:
+                    positions = torch.from_numpy(slots)
                     for name, runs in self._run_views(size, stride).items():
-                        torch.index_select(runs, 0, torch.from_numpy(slots), out=out[name])
+                        torch.index_select(runs, 0, positions, out=out[name])
             starts, steps = (_NO_STARTS, _NO_STEPS) if records is None else records
             compiled["gather_records"](
                 targets,
