@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping
 
@@ -29,6 +30,14 @@ def window_errors(config: Config, seed: int = 1) -> torch.Tensor:
     """Per-record TD errors ``[B, W]`` fed to every priority update (same for all backends)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.rand(config.batch, config.window_size, generator=generator)
+
+
+def sample_update(
+    buffer: PrioritizedSequenceReplay, batch: int, window: Window, errors: torch.Tensor
+) -> object:
+    """One prioritized sample of ``batch`` windows, and the update of their priorities."""
+    drawn = buffer.sample_windows(batch, window)
+    return buffer.update_priorities_from(drawn, errors)
 
 
 def fill(buffer: PrioritizedSequenceReplay, dataset: Dataset) -> None:
@@ -116,10 +125,7 @@ def sampling_rows(
     if buffer is None:
         return rows
 
-    def prioritized_update() -> object:
-        drawn = buffer.sample_windows(batch, window)
-        return buffer.update_priorities_from(drawn, errors)
-
+    prioritized_update = functools.partial(sample_update, buffer, batch, window, errors)
     beside_update = measure_rounds(
         {"floor": floor, "update": prioritized_update}, reps=config.reps, warmup=config.warmup
     )
@@ -159,8 +165,7 @@ def loop_call(
 
     def step() -> object:
         buffer.add(episode)
-        drawn = buffer.sample_windows(config.batch, window)
-        return buffer.update_priorities_from(drawn, errors)
+        return sample_update(buffer, config.batch, window, errors)
 
     return step
 
@@ -354,10 +359,7 @@ def device_rows(config: Config, dataset: Dataset, device: str) -> list[Row]:
 
         return timed
 
-    def step() -> None:
-        drawn = buffer.sample_windows(config.batch, window)
-        buffer.update_priorities_from(drawn, errors)
-
+    step = functools.partial(sample_update, buffer, config.batch, window, errors)
     calls = {"device.floor": synchronised(floor), "device": synchronised(step)}
     timings = measure_rounds(calls, reps=config.reps, warmup=config.warmup)
     note = "storage on the device, synchronised per call"

@@ -24,12 +24,13 @@ from benchmarks.lucid_rows import (
     fits,
     metadata_bytes,
     reference_window,
+    sample_update,
     scaled_buffer,
     window_errors,
 )
 from benchmarks.rows import Only, Row, release
 from benchmarks.timing import CacheSweep, measure_rounds
-from lucid_replay import PrioritizedSequenceReplay, Window
+from lucid_replay import PrioritizedSequenceReplay
 
 
 def _label(count: int) -> str:
@@ -156,7 +157,7 @@ def episode_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
         buffers[tag] = scaled_buffer(config, size.transitions, steps, size.episodes, source)
         built += size.transitions
     calls = {
-        tag: functools.partial(_sample_update, buffer, config.batch, window, errors)
+        tag: functools.partial(sample_update, buffer, config.batch, window, errors)
         for tag, buffer in buffers.items()
     }
     timings = (
@@ -209,13 +210,6 @@ class _EpisodeSize:
             "episode_length": self.length,
             "transitions": self.transitions,
         }
-
-
-def _sample_update(
-    buffer: PrioritizedSequenceReplay, batch: int, window: Window, errors: torch.Tensor
-) -> object:
-    drawn = buffer.sample_windows(batch, window)
-    return buffer.update_priorities_from(drawn, errors)
 
 
 def _naive_episode_rows(
