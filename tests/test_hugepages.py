@@ -26,20 +26,6 @@ _thp_available = (
 needs_thp = pytest.mark.skipif(not _thp_available, reason="no transparent huge pages here")
 
 
-def _flags_at(address: int) -> set[str]:
-    """The ``VmFlags`` of the mapping that holds ``address`` in this process."""
-    lines = Path("/proc/self/smaps").read_text().splitlines()
-    inside = False
-    for line in lines:
-        head = line.split()[0]
-        if "-" in head and all(c in "0123456789abcdef-" for c in head):
-            low, high = (int(x, 16) for x in head.split("-"))
-            inside = low <= address < high
-        elif inside and line.startswith("VmFlags:"):
-            return set(line.split()[1:])
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
 def _huge_page_inside(tensor: torch.Tensor) -> int:
     size = hugepages._madvise()[3]  # type: ignore[index]
     return -(-tensor.data_ptr() // size) * size
@@ -61,6 +47,11 @@ def _mapping_at(address: int) -> dict[str, str]:
                     fields[name] = value.strip()
                 return fields
     raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _flags_at(address: int) -> set[str]:
+    """The ``VmFlags`` of the mapping that holds ``address`` in this process."""
+    return set(_mapping_at(address)["VmFlags"].split())
 
 
 def _kernel_collapses() -> bool:
@@ -136,8 +127,8 @@ def test_memory_faulted_in_before_the_advice_is_collapsed_into_huge_pages() -> N
     inside = _huge_page_inside(tensor)
     assert _mapping_at(inside)["AnonHugePages"] == "0 kB"
     assert hugepages.advise(tensor) is True
+    assert "hg" in _flags_at(inside)
     mapping = _mapping_at(inside)
-    assert "hg" in mapping["VmFlags"].split()
     assert mapping["AnonHugePages"] == mapping["Rss"] != "0 kB"
     assert bool((tensor == 1).all())  # the collapse copied the contents
 
