@@ -152,16 +152,13 @@ class EpisodeTable:
             self._grow()
         episode_id, start = self.next_id, self.next_offset
         row = self.row_of(episode_id)
-        values = {
-            "episode_id": episode_id,
-            "start": start,
-            "length": length,
-            "terminated": terminated,
-            "times_sampled": 0,
-            "priority": priority,
-        }
-        for name, value in values.items():
-            self.arrays[name][row] = value
+        columns = self.arrays  # scalar writes, one per column: no dict of values per add
+        columns["episode_id"][row] = episode_id
+        columns["start"][row] = start
+        columns["length"][row] = length
+        columns["terminated"][row] = terminated
+        columns["times_sampled"][row] = 0
+        columns["priority"][row] = priority
         if self.device.type != "cpu":
             self.host_start[row], self.host_length[row] = start, length
         self.next_id += 1
@@ -188,21 +185,26 @@ class EpisodeTable:
         )
         return first_kept
 
-    def evict_oldest(self, count: int) -> tuple[torch.Tensor, int, int | torch.Tensor]:
+    def evict_oldest(self, count: int) -> tuple[int | torch.Tensor, int, int | torch.Tensor]:
         """Drop the ``count`` oldest episodes.
 
-        Returns their rows, their transition total, and how many of them were never sampled
-        (an ``int`` on CPU; a 0-d device tensor elsewhere, to avoid a synchronisation).
+        Returns their rows (one row as an ``int`` on CPU, else a tensor), their transition
+        total, and how many of them were never sampled (an ``int`` on CPU; a 0-d device
+        tensor elsewhere, to avoid a synchronisation).
         """
-        ids = np.arange(self.first_id, self.first_id + count)
-        offset_before = self.oldest_offset
+        first_id, offset_before = self.first_id, self.oldest_offset
         self.first_id += count
         if self.first_id == self.next_id:
             self.oldest_offset = self.next_offset
         else:
             self.oldest_offset = int(self.host_start[self.row_of(self.first_id)])
-        rows = ids & (self.row_count - 1)
         transitions = self.oldest_offset - offset_before
+        if count == 1 and self.device.type == "cpu":
+            # An add into a full buffer most often evicts one episode: scalar reads cost
+            # ~0.3 us here against ~3 us for the arange, gather and count below.
+            row = self.row_of(first_id)
+            return row, transitions, int(self.arrays["times_sampled"][row] == 0)
+        rows = np.arange(first_id, first_id + count) & (self.row_count - 1)
         if self.device.type == "cpu":
             unsampled = int(np.count_nonzero(self.arrays["times_sampled"][rows] == 0))
             return torch.from_numpy(rows), transitions, unsampled

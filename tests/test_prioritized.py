@@ -469,6 +469,47 @@ def test_evicted_id_never_touches_the_episode_now_in_its_row() -> None:
     assert chi_square_pvalue(counts, [2 / 1002, 1000 / 1002]) < REJECT
 
 
+@pytest.mark.statistical
+def test_evicting_one_or_several_episodes_per_add_keeps_draws_and_counts_exact() -> None:
+    """Adds into a full buffer that evict one episode (the common case, a path of its own)
+    or several leave both cached trees exact and count each never-drawn eviction once."""
+    buffer = PrioritizedSequenceReplay(30, alpha=1.0, epsilon=EPSILON, seed=67)
+    ids = buffer.extend(make_episode(n) for n in (6, 2, 7, 5, 2, 8))  # 30: full
+    buffer.update_priorities(ids, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    drawn: set[int] = set()  # 2-step episodes hold no 3-step chunk: never drawn
+    never_drawn_evicted = 0
+    # (length, oldest episodes it evicts), from [6, 2, 7, 5, 2, 8]: 6 evicts the 6; 2 the
+    # first 2-step one; 9 the 7 and the 5; 4 the second 2-step one; 17 the 8 and the 6 and
+    # 2 added here.
+    for length, evicts in ((6, 1), (2, 1), (9, 2), (4, 1), (17, 3)):
+        for prioritized in (False, True):  # both trees exist before the add
+            batch = buffer.sample_prioritized(64, 3) if prioritized else buffer.sample(64, 3)
+            drawn.update(batch.episode_ids.tolist())
+        before = list(buffer.episode_ids)
+        buffer.add(make_episode(length))
+        evicted = before[:evicts]
+        assert list(buffer.episode_ids) == [*before[evicts:], before[-1] + 1]
+        never_drawn_evicted += sum(i not in drawn for i in evicted)
+        assert buffer.stats()["episodes_evicted_unsampled"] == never_drawn_evicted
+        stored = list(buffer.episode_ids)
+        lengths = [len(buffer[i]) for i in stored]
+        buffer.update_priorities(stored, np.arange(1.0, len(stored) + 1))  # newest: largest
+        priorities = buffer.priorities.numpy()
+        uniform = buffer.sample(DRAWS, 3)
+        weighted = buffer.sample_prioritized(DRAWS, 3)
+        drawn.update(uniform.episode_ids.tolist() + weighted.episode_ids.tolist())
+        for batch, law in (
+            (uniform, _episode_probs(lengths, np.ones(len(stored)), 3, 1.0, "chunk")),
+            (weighted, _episode_probs(lengths, priorities, 3, 1.0, "chunk")),
+        ):
+            assert set(batch.episode_ids.tolist()) <= set(stored)  # no evicted episode
+            assert chi_square_pvalue(episode_counts(batch, stored), law) > ACCEPT, length
+    assert never_drawn_evicted == 3  # the 2-step episodes: two evicted alone, one with others
+    # Power: the prioritized counts of the last step reject the uniform law.
+    uniform_law = _episode_probs(lengths, np.ones(len(stored)), 3, 1.0, "chunk")
+    assert chi_square_pvalue(episode_counts(weighted, stored), uniform_law) < REJECT
+
+
 def test_update_priorities_refuses_never_issued_ids_atomically() -> None:
     """An id never issued (or negative) raises ValueError and updates none of the others."""
     buffer, ids = _buffer(lengths=[4, 4], errors=None)
