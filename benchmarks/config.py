@@ -19,6 +19,7 @@ class Config:
     add_len: int = 256  # the episode added by the add / loop rows
     reps: int = 100
     warmup: int = 10
+    add_reps: int = 2_000  # `add` and its memcpy take ~10-40 us: see `add_rows`
     alpha: float = 0.6
     beta: float = 0.4
     # Scaling rows: stored transitions (reference episodes), and episode counts at a fixed
@@ -40,6 +41,7 @@ QUICK = dataclasses.replace(
     transitions=100_000,
     reps=10,
     warmup=2,
+    add_reps=200,
     scale_transitions=(10_000, 100_000, 300_000),
     scale_episodes=(1_000, 10_000, 30_000),
     episode_total=300_000,

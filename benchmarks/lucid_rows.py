@@ -212,11 +212,15 @@ def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
     """``add`` into a full buffer (evicting) next to copying the episode's bytes.
 
     The bar's baseline copies the bytes where an ``add`` must put them: into the next slots of
-    a ring as large as the buffer's storage, so the destination is memory last written a
-    whole ring ago, as it is for ``add``. The cache-hot copy (the same 69 kB source and
-    destination every call) and the field-by-field copy are shown for reference.
+    a ring as large as the buffer's storage, so the destination is memory out of cache, as it
+    is for ``add``. The two are timed in alternating blocks of ten calls, ``add_reps`` calls
+    each: 100 calls of ~15 us span under 2 ms, less than the spells (a few to about 50 ms,
+    on the 2-vCPU machine of the published runs) in which Python code ran up to 2x slower
+    while a memory-bound copy did not, so two rows timed one after the other could each land
+    in a different spell. The cache-hot copy (the same 69 kB source and destination every call)
+    and the field-by-field copy are shown for reference, each timed alone.
     """
-    reps, warmup = max(config.reps, 50), config.warmup
+    reps, warmup = max(config.add_reps, 50), config.warmup
     nbytes = sum(t.numel() * t.element_size() for t in episode.steps.values())
     source = torch.empty(nbytes, dtype=torch.uint8)
     target = torch.empty(nbytes, dtype=torch.uint8)
@@ -237,18 +241,24 @@ def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
             destinations[name].copy_(values)
 
     fields = len(episode.steps)
+    paired = measure_rounds(
+        {"add": lambda: buffer.add(episode), "memcpy": memcpy_ring},
+        reps=reps,
+        warmup=warmup,
+        block=10,
+    )
     return [
         Row.timed(
             "add.lucid",
             f"lucid_replay add ({config.add_len}-step episode, full buffer)",
-            measure(lambda: buffer.add(episode), reps=reps, warmup=warmup),
+            paired["add"],
             group="add",
         ),
         Row.timed(
             "add.memcpy",
             f"memcpy of its {nbytes / 1e3:.1f} kB into the next slots of a "
             f"{ring.numel() / 1e6:.0f} MB ring (one contiguous copy_)",
-            measure(memcpy_ring, reps=reps, warmup=warmup),
+            paired["memcpy"],
             group="add",
             extra={"bytes": nbytes, "ring_bytes": ring.numel()},
         ),
