@@ -1,13 +1,9 @@
 """The compiled kernels (numba): imported by `lucid_replay.kernels` only when numba is there.
 
 Module-level functions, so that numba caches them on disk (a kernel that refers to another
-function through a closure is compiled again in every process).
-
-Raw memory access on int64 addresses, which numba lacks: ``memcpy(target, source, count)``
-copies ``count`` bytes (LLVM's memcpy: a 28 kB run several times faster than an element loop);
-``load_word`` / ``store_word`` and ``load_byte`` / ``store_byte`` move an unaligned 8-byte and a
-1-byte unsigned integer; ``prefetch_read`` / ``prefetch_write`` hint that a cache line is about
-to be read or written (LLVM's prefetch: never faults, changes no byte).
+function through a closure is compiled again in every process). This module holds the index
+arithmetic (sum trees, draws, window expansion, priority routing); the gather's raw memory
+copies are in `lucid_replay.compiled_memory`.
 """
 
 from __future__ import annotations
@@ -16,96 +12,13 @@ from typing import Any
 
 import numba
 import numpy as np
-from llvmlite import ir  # type: ignore[import-untyped]  # no py.typed
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
+
+from lucid_replay.compiled_memory import copy_blocks, gather_records
 
 __all__: list[str] = []  # internal module
 
+
 jit = numba.njit(cache=True, nogil=True)
-
-pointer = cgutils.voidptr_t
-
-
-def _memcpy(typing_context: Any, target: Any, source: Any, count: Any) -> Any:
-    def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        into, start, size = args
-        cgutils.raw_memcpy(  # type: ignore[no-untyped-call]  # untyped in numba
-            builder, builder.inttoptr(into, pointer), builder.inttoptr(start, pointer), size, 1
-        )
-        return context.get_dummy_value()
-
-    return types.void(types.int64, types.int64, types.int64), generate
-
-
-memcpy: Any = intrinsic(_memcpy)  # Any: numba's stubs type an intrinsic's call wrongly
-
-
-def _access(bits: int) -> tuple[Any, Any]:
-    """``load(address)`` and ``store(address, value)`` of a ``bits``-bit unsigned int."""
-    kind = getattr(types, f"uint{bits}")
-    typed = ir.IntType(bits).as_pointer()
-
-    def load(typing_context: Any, address: Any) -> Any:
-        def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            return builder.load(builder.inttoptr(args[0], typed), align=1)
-
-        return kind(types.int64), generate
-
-    def store(typing_context: Any, address: Any, value: Any) -> Any:
-        def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            builder.store(args[1], builder.inttoptr(args[0], typed), align=1)
-            return context.get_dummy_value()
-
-        return types.void(types.int64, kind), generate
-
-    return intrinsic(load), intrinsic(store)
-
-
-load_word, store_word = _access(64)
-load_byte, store_byte = _access(8)
-
-
-def _prefetch(write: int) -> Any:
-    """``prefetch(address)``: fetch the line of ``address`` into every cache level."""
-
-    def prefetch(typing_context: Any, address: Any) -> Any:
-        def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            word = ir.IntType(32)
-            function = builder.module.declare_intrinsic(
-                "llvm.prefetch", [pointer], ir.FunctionType(ir.VoidType(), [pointer, *[word] * 3])
-            )
-            # read (0) or write (1); locality 3: keep it in all levels; 1: a data cache
-            where = builder.inttoptr(args[0], pointer)
-            builder.call(function, [where, word(write), word(3), word(1)])
-            return context.get_dummy_value()
-
-        return types.void(types.int64), generate
-
-    return intrinsic(prefetch)
-
-
-prefetch_read, prefetch_write = _prefetch(0), _prefetch(1)
-
-
-@jit
-def copy(target: int, source: int, count: int) -> None:
-    """``count`` bytes from address ``source`` to ``target``.
-
-    A library memcpy for blocks; inline 8-byte and 1-byte moves for the few bytes of one
-    record of a small field, where a memcpy call would cost several times the move.
-    """
-    if count >= 64:
-        memcpy(target, source, count)
-        return
-    moved = 0
-    while moved + 8 <= count:
-        store_word(target + moved, load_word(source + moved))
-        moved += 8
-    while moved < count:
-        store_byte(target + moved, load_byte(source + moved))
-        moved += 1
 
 
 @jit
@@ -241,188 +154,6 @@ def route(
             added += magnitude
         count[b], largest[b], total[b] = counted, most, added
     return count, largest, total, finite
-
-
-@jit
-def _add_record(runs: np.ndarray, first: int, count: int, k: int, slot: int) -> int:
-    """Add record ``k`` (at ``slot``) to ``count`` runs; returns the new count.
-
-    The runs are stored from column ``first`` of ``runs``, whose rows are: slot, first
-    record, end record, kind. A run's records are at consecutive slots (kind 1) or all at
-    one slot (kind 0: records clamped to an episode's first or last step).
-    """
-    if count:
-        r = first + count - 1
-        length = runs[2, r] - runs[1, r]
-        if runs[2, r] == k and length == 1 and 0 <= slot - runs[0, r] <= 1:
-            runs[3, r], runs[2, r] = slot - runs[0, r], k + 1
-            return count
-        if runs[2, r] == k and length > 1 and slot == runs[0, r] + length * runs[3, r]:
-            runs[2, r] = k + 1
-            return count
-    r = first + count
-    runs[0, r], runs[1, r], runs[2, r], runs[3, r] = slot, k, k + 1, 1
-    return count + 1
-
-
-@jit
-def _copy_run(into: int, source: int, width: int, run: np.ndarray) -> None:
-    """Copy one run (a column of `_add_record`'s ``runs``) of ``width``-byte records."""
-    slot, begin, end, kind = run[0], run[1], run[2], run[3]
-    at = into + begin * width
-    if kind == 1:
-        copy(at, source + slot * width, (end - begin) * width)
-        return
-    copy(at, source + slot * width, width)  # one record, then doubling copies of it
-    filled, length = 1, end - begin
-    while filled < length:
-        more = min(filled, length - filled)
-        copy(at + filled * width, at, more * width)
-        filled += more
-
-
-@jit
-def _slot(
-    firsts: np.ndarray,
-    stride: int,
-    exact: bool,
-    starts: np.ndarray,
-    steps: np.ndarray,
-    capacity: int,
-    base: int,
-    b: int,
-    k: int,
-) -> int:
-    """The ring slot of record ``k`` of window ``b`` (`gather_records`' arguments)."""
-    slot: int = (firsts[b] + stride * k if exact else starts[b] + steps[b, k]) - base
-    return slot - capacity if slot >= capacity else slot
-
-
-@jit
-def _prefetch_reads(sources: np.ndarray, row_bytes: np.ndarray, slot: int, capacity: int) -> None:
-    """Start the cache misses of ring ``slot`` in every field (none outside the ring)."""
-    if 0 <= slot < capacity:
-        for f in range(sources.shape[0]):
-            prefetch_read(sources[f] + slot * row_bytes[f])
-
-
-@jit
-def _prefetch_writes(targets: np.ndarray, row_bytes: np.ndarray, b: int, size: int) -> None:
-    """Start the cache misses of window ``b``'s batch rows where they span 16 lines at most.
-
-    A larger field's rows are written by one long copy, which the hardware prefetches.
-    """
-    for f in range(targets.shape[0]):
-        span = size * row_bytes[f]
-        if span <= 1024:
-            into = targets[f] + b * span
-            for line in range(into - into % 64, into + span, 64):
-                prefetch_write(line)
-
-
-_AHEAD = 4  # windows between a prefetch and its copy
-
-
-@jit
-def copy_blocks(
-    targets: np.ndarray,
-    sources: np.ndarray,
-    row_bytes: np.ndarray,
-    slots: np.ndarray,
-    size: int,
-    capacity: int,
-) -> None:
-    """Copy the ``size`` records from ring slot ``slots[b]`` on into batch row ``b``.
-
-    For every field (`gather_records`' ``targets``, ``sources`` and ``row_bytes``): field by
-    field, so that each field's blocks stream one after another, one block per window, with
-    the block `_AHEAD` windows on prefetched.
-    """
-    windows = slots.shape[0]
-    for b in range(windows):
-        if not 0 <= slots[b] <= capacity - size:  # a raw-memory guard, as in gather_records
-            raise IndexError("copy_blocks: a block outside the ring")
-    for f in range(targets.shape[0]):
-        block = size * row_bytes[f]
-        for b in range(windows):
-            if b + _AHEAD < windows:
-                prefetch_read(sources[f] + slots[b + _AHEAD] * row_bytes[f])
-            copy(targets[f] + b * block, sources[f] + slots[b] * row_bytes[f], block)
-
-
-@jit
-def gather_records(
-    targets: np.ndarray,
-    sources: np.ndarray,
-    row_bytes: np.ndarray,
-    copied: bool,
-    firsts: np.ndarray,
-    stride: int,
-    size: int,
-    exact: np.ndarray,
-    starts: np.ndarray,
-    steps: np.ndarray,
-    capacity: int,
-    base: int,
-    runs: np.ndarray,
-) -> None:
-    """`TransitionRing.gather_runs` for every field at once.
-
-    ``targets`` and ``sources`` are the addresses of the fields' contiguous batch and ring
-    memory, ``row_bytes`` their bytes per record. Record ``k`` of window ``b`` reads the
-    slot of offset ``firsts[b] + stride * k`` where it is ``exact`` (every record is if
-    ``exact`` has no rows), else that of ``starts[b] + steps[b, k]``. Records at consecutive
-    slots, or repeating one slot, are copied as one run. If ``copied``, every field already
-    holds the run of every window whose run from slot ``firsts[b] % capacity`` lies inside
-    the ring: of those windows only the records that are not exact are copied. ``runs`` is
-    scratch memory, int64 ``[4, size]`` (allocating it here would put small blocks
-    among the batches on the heap, which a stock allocator then trims and faults back in).
-
-    When it copies every window (not ``copied``), it prefetches the ends of the window
-    `_AHEAD` places on: short episodes' windows are mostly records clamped to a step read
-    from cold memory, and without it each window's misses wait for the previous window's
-    (10% of a prioritized sample + update at 100k and 1M episodes of 40 and 4 steps).
-    """
-    # Window b's runs, in the first columns of `runs`: those of the records it copies.
-    checked = exact.shape[0] > 0
-    windows = firsts.shape[0]
-    for b in range(windows):
-        if not copied:  # windows 0 .. _AHEAD first, then one _AHEAD places on per window
-            for a in range(b + _AHEAD if b else 0, min(b + _AHEAD + 1, windows)):
-                for k in (0, size - 1):  # the steps a short episode's clamped records repeat
-                    exact_k = not checked or exact[a, k]
-                    slot = _slot(firsts, stride, exact_k, starts, steps, capacity, base, a, k)
-                    _prefetch_reads(sources, row_bytes, slot, capacity)
-                _prefetch_writes(targets, row_bytes, a, size)
-        whole = True
-        if checked:
-            for k in range(size):
-                if not exact[b, k]:
-                    whole = False
-                    break
-        first = firsts[b] % capacity  # the slot `copied` runs started at
-        inside = first + stride * (size - 1) < capacity
-        repair = copied and inside  # its run is in place: only its inexact records
-        if repair and whole:
-            continue
-        count = 0
-        if whole and inside and stride == 1:  # the common case: one block
-            count = _add_record(runs, 0, 0, 0, first)
-            runs[2, 0] = size
-        else:
-            for k in range(size):
-                exact_k = whole or exact[b, k]
-                if repair and exact_k:
-                    continue
-                slot = _slot(firsts, stride, exact_k, starts, steps, capacity, base, b, k)
-                if not 0 <= slot < capacity:  # never for stored offsets: a raw-memory guard
-                    raise IndexError("gather_records: an offset outside the stored range")
-                count = _add_record(runs, 0, count, k, slot)
-        for f in range(targets.shape[0]):
-            width = row_bytes[f]
-            into = targets[f] + b * size * width
-            for r in range(count):
-                _copy_run(into, sources[f], width, runs[:, r])
 
 
 KERNELS: dict[str, Any] = {
