@@ -17,7 +17,6 @@ from lucid_replay.compiled_memory import copy_blocks, gather_records
 
 __all__: list[str] = []  # internal module
 
-
 jit = numba.njit(cache=True, nogil=True)
 
 
@@ -69,13 +68,18 @@ def count(times: np.ndarray, rows: np.ndarray) -> None:
 
 
 @jit
+def _recompute_ancestors(tree: np.ndarray, node: int, levels: int) -> None:
+    """Recompute the ``levels`` ancestors of tree ``node`` from their children."""
+    for _ in range(levels):
+        node >>= 1
+        tree[node] = tree[2 * node] + tree[2 * node + 1]
+
+
+@jit
 def refresh(tree: np.ndarray, leaves: np.ndarray, levels: int) -> None:
     """Recompute the ancestors of ``leaves`` (tree indices of leaves) from their children."""
     for i in range(leaves.shape[0]):
-        node = leaves[i]
-        for _ in range(levels):
-            node >>= 1
-            tree[node] = tree[2 * node] + tree[2 * node + 1]
+        _recompute_ancestors(tree, leaves[i], levels)
 
 
 @jit
@@ -130,16 +134,20 @@ def route(
     anchor_ids: np.ndarray,
     errors: np.ndarray,
     mask: Any,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """Per window: counted records, their largest |error|, its float64 sum in order.
+    eta: float,
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """`priorities.window_priorities` after its checks: ``(ids, mixed, finite)``.
 
-    Also whether a counted error was NaN or infinite.
+    Per window, over the records that are in the learning region, valid, of the anchor's
+    episode and in ``mask`` (None: all): ``eta * max |error| + (1 - eta) * mean |error|``,
+    the float64 sum taken in record order. The windows without such a record are left
+    out of ``ids`` (their anchors' episode ids) and ``mixed``. ``finite``: no mix is NaN or
+    infinite (a counted error was, or their sum overflowed).
     """
     rows = valid.shape[0]
-    count = np.zeros(rows, dtype=np.int64)
-    largest = np.zeros(rows, dtype=np.float64)
-    total = np.zeros(rows, dtype=np.float64)
-    finite = True
+    ids = np.empty(rows, dtype=np.int64)
+    mixed = np.empty(rows, dtype=np.float64)
+    kept, finite = 0, True
     for b in range(rows):
         anchor, counted, most, added = anchor_ids[b], 0, 0.0, 0.0
         for k in range(valid.shape[1]):
@@ -148,12 +156,94 @@ def route(
             if mask is not None and not mask[b, k]:
                 continue
             magnitude = np.float64(abs(errors[b, k]))
-            finite &= np.isfinite(magnitude)
             counted += 1
             most = max(most, magnitude)
             added += magnitude
-        count[b], largest[b], total[b] = counted, most, added
-    return count, largest, total, finite
+        if counted:
+            value = eta * most + (1.0 - eta) * (added / counted)
+            finite &= np.isfinite(value)
+            ids[kept], mixed[kept] = anchor, value
+            kept += 1
+    return ids[:kept], mixed[:kept], finite
+
+
+@jit
+def assign_priorities(
+    priority: np.ndarray,
+    ids: np.ndarray,
+    values: np.ndarray,
+    first_id: int,
+    next_id: int,
+    row_mask: int,
+) -> tuple[np.ndarray, int, float]:
+    """`EpisodeTable.assign_priorities`: ``priority[row of id] = value`` for stored ids.
+
+    A repeated id takes the largest of its values; ids outside ``[first_id, next_id)`` are
+    skipped. Returns the rows set (one per stored id, in order), how many distinct rows
+    that is, and the largest value set (``-inf`` if none).
+    """
+    rows = np.empty(ids.shape[0], dtype=np.int64)
+    kept = 0
+    for i in range(ids.shape[0]):
+        if first_id <= ids[i] < next_id:
+            rows[kept] = ids[i] & row_mask
+            priority[rows[kept]] = -1.0  # priorities are positive: marks a row not set yet
+            kept += 1
+    distinct, largest, j = 0, -np.inf, 0
+    for i in range(ids.shape[0]):
+        if first_id <= ids[i] < next_id:
+            row, value = rows[j], values[i]
+            j += 1
+            if priority[row] < 0:
+                distinct += 1
+                priority[row] = value
+            elif value > priority[row]:
+                priority[row] = value
+            largest = max(largest, value)
+    return rows[:kept], distinct, largest
+
+
+@jit
+def refresh_leaves(
+    tree: np.ndarray,
+    levels: int,
+    rows: np.ndarray,
+    episode_id: np.ndarray,
+    length: np.ndarray,
+    times_sampled: np.ndarray,
+    first_id: int,
+    next_id: int,
+    reuse_limit: int,
+    span: int,
+    per_anchor: bool,
+    powered: np.ndarray,
+) -> float:
+    """`AnchorSampler.leaf_values` of ``rows`` into their leaves; returns the new total.
+
+    The leaves' ancestors are recomputed as `refresh` does.
+    A row is live when its episode id is in ``[first_id, next_id)`` and, with a
+    ``reuse_limit`` (``-1``: none), it was drawn fewer times than that. Its mass is its count
+    of eligible anchors for ``span`` (``per_anchor``) or 1 if it has any; a live row gets its
+    mass, a dead one 0. For a prioritized tree, ``powered[i]`` is ``(p / scale) ** alpha`` of
+    ``rows[i]`` (computed by the caller with numpy, whose power this does not reproduce), and
+    a live row with an eligible anchor gets ``mass * powered[i]``; ``powered`` is empty for a
+    uniform tree.
+    """
+    leaf0 = tree.shape[0] // 2
+    weighted = powered.shape[0] > 0
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        live = first_id <= episode_id[row] < next_id
+        live &= reuse_limit < 0 or times_sampled[row] < reuse_limit
+        anchors = max(length[row] - (span - 1), 0)
+        mass = np.float64(anchors if per_anchor else min(anchors, 1))
+        if not weighted:
+            tree[leaf0 + row] = mass if live else 0.0
+        else:
+            tree[leaf0 + row] = mass * powered[i] if live and anchors > 0 else 0.0
+    for i in range(rows.shape[0]):
+        _recompute_ancestors(tree, leaf0 + rows[i], levels)
+    return float(tree[1])
 
 
 KERNELS: dict[str, Any] = {
@@ -165,4 +255,6 @@ KERNELS: dict[str, Any] = {
     "refresh": refresh,
     "expand": expand,
     "route": route,
+    "assign_priorities": assign_priorities,
+    "refresh_leaves": refresh_leaves,
 }

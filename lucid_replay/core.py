@@ -177,17 +177,13 @@ class ReplayCore:
         """
         assert self.priorities is not None  # only prioritized buffers call this
         table = self.store.table
-        ids_of, priorities_of = arrays.engine(ids), arrays.engine(priorities)
-        stored = table.is_stored(ids_of)
-        if not bool(stored.all()):  # evicted ids must not touch the rows now reused
-            ids_of, priorities_of = ids_of[stored], priorities_of[stored]
-        if ids_of.shape[0] == 0:
-            return 0
-        rows = table.rows_of(ids_of)
-        arrays.assign_max(table.arrays["priority"], rows, priorities_of)
-        self.priorities.raise_max(float(priorities_of.max()))
-        self.sampler.mark_priorities_dirty(arrays.tensor(rows))
-        return arrays.count_distinct(rows)
+        rows, applied, largest = table.assign_priorities(
+            arrays.engine(ids), arrays.engine(priorities)
+        )
+        if applied:
+            self.priorities.raise_max(largest)
+            self.sampler.mark_priorities_dirty(arrays.tensor(rows))
+        return applied
 
     def stored_priorities(self) -> torch.Tensor:
         """float64 ``[num_episodes]``: stored episodes' priorities, oldest first."""

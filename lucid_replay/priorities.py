@@ -158,16 +158,31 @@ def window_priorities(
             raise must_have(
                 "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
             )
-    count, largest, total = _reduce_rows(
-        learning_mask, validity_mask, record_episode_ids, episode_ids, values, mask
-    )
-    mixed = eta * largest + (1 - eta) * (total / (count + (count == 0)))
+    on_host = isinstance(arrays.engine(validity_mask), np.ndarray)
+    compiled = kernels.get() if on_host else None
+    if compiled is not None:  # the same arithmetic in one compiled pass
+        ids, mixed, finite = compiled["route"](
+            arrays.engine(learning_mask),
+            arrays.engine(validity_mask),
+            arrays.engine(record_episode_ids),
+            arrays.engine(episode_ids),
+            arrays.engine(values),
+            None if mask is None else arrays.engine(mask),
+            eta,
+        )
+    else:
+        with np.errstate(over="ignore"):  # a sum or mix beyond float64 is refused below
+            count, largest, total = _reduce_rows(
+                learning_mask, validity_mask, record_episode_ids, episode_ids, values, mask
+            )
+            mixed = eta * largest + (1 - eta) * (total / (count + (count == 0)))
+        finite = arrays.all_finite(mixed)
+        ids = arrays.engine(episode_ids)
+        if not bool(count.all()):  # windows without a counted record carry no signal
+            ids, mixed = ids[count > 0], mixed[count > 0]
     # A NaN or inf on a counted record reaches the max and the sum; others were masked.
-    if not arrays.all_finite(mixed):
+    if not finite:
         raise must_have("errors", "finite on valid learning records", "a NaN or infinite value")
-    ids = arrays.engine(episode_ids)
-    if not bool(count.all()):  # windows without a counted record carry no signal
-        ids, mixed = ids[count > 0], mixed[count > 0]
     return arrays.tensor(ids), arrays.tensor(mixed)
 
 
@@ -208,25 +223,10 @@ def _reduce_rows(
 ) -> tuple[Array, Array, Array]:
     """Per window: counted records, their largest |error| and the sum of their |errors|.
 
-    The sum is float64, in record order, so that every engine adds the same numbers in the
-    same order. Arrays of the `arrays` engine; a NaN or infinite counted error makes its
-    window's largest or sum non-finite.
+    The sum is float64, in record order, so that every engine (and the compiled ``route``)
+    adds the same numbers in the same order. Arrays of the `arrays` engine; a NaN or
+    infinite counted error makes its window's largest or sum non-finite.
     """
-    on_host = isinstance(arrays.engine(valid), np.ndarray)
-    compiled = kernels.get() if on_host else None
-    if compiled is not None:
-        engine_mask = None if mask is None else arrays.engine(mask)
-        count, largest, total, finite = compiled["route"](
-            arrays.engine(learning),
-            arrays.engine(valid),
-            arrays.engine(records),
-            arrays.engine(anchor_ids),
-            arrays.engine(values),
-            engine_mask,
-        )
-        if not finite:
-            total[:] = math.nan  # refused by the caller
-        return count, largest, total
     # Torch for the [B, W] masks (its row reductions of a few dozen elements are ~5x faster
     # than numpy's on CPU); the sum is a cumulative one, which adds in record order.
     region = _shared_region(arrays.engine(learning))

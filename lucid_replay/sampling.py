@@ -36,6 +36,7 @@ __all__: list[str] = []  # internal module
 
 _MAX_TREES = 8  # distinct spans kept at once; the least recently used tree is dropped beyond
 _TOTAL_RANGE = (2.0**-700, 2.0**700)  # leaves <= n_e <= 2**62 each after a rescale
+_NO_POWERS = np.empty(0, dtype=np.float64)  # a uniform tree's leaves, for `refresh_leaves`
 
 
 def eligible_anchors(lengths: Array, span: int) -> Array:
@@ -125,8 +126,13 @@ class AnchorSampler:
         # An overflow to inf makes `_cached` rescale; rows that are not drawable (dead, or
         # without an eligible anchor: 0 * inf) are zeroed by the mask.
         with np.errstate(over="ignore", invalid="ignore"):
-            mass = mass * (column["priority"][rows] / scale) ** alpha
+            mass = mass * self._powered(rows, alpha, scale)
         return arrays.where(live & (count > 0), mass, 0.0)
+
+    def _powered(self, rows: Array, alpha: float, scale: float) -> Array:
+        """``(p / scale) ** alpha`` of table ``rows`` (an overflow to inf is no error)."""
+        with np.errstate(over="ignore"):
+            return (self.table.arrays["priority"][rows] / scale) ** alpha
 
     def tree(self, span: int, alpha: float | None) -> torch.Tensor:
         """The up-to-date tree for ``(span, alpha)`` (``None``: uniform), built on first use.
@@ -142,11 +148,9 @@ class AnchorSampler:
         key = (span, alpha)
         cached = self._trees.get(key)
         if cached is not None and cached.pending and not cached.stale:
-            rows = cached.take_pending(self.table.device)
-            values = self.leaf_values(rows, span, alpha, cached.scale)
-            sum_tree.assign_leaves(cached.nodes, rows, values)
+            total = self._refresh(cached, span, alpha)
             low, high = _TOTAL_RANGE
-            if alpha is not None and not low <= float(sum_tree.total(cached.nodes)) <= high:
+            if alpha is not None and not low <= total <= high:
                 cached.stale = True  # priorities moved far from the scale: rescale
         if cached is None or cached.stale:
             cached = self._build(span, alpha)
@@ -155,6 +159,33 @@ class AnchorSampler:
                 self._trees.popitem(last=False)
         self._trees.move_to_end(key)
         return cached
+
+    def _refresh(self, cached: _CachedTree, span: int, alpha: float | None) -> float:
+        """Recompute the leaves of ``cached``'s pending rows (O(k log E)); return its total."""
+        rows = cached.take_pending(self.table.device)
+        compiled = kernels.get() if isinstance(rows, np.ndarray) else None
+        if compiled is None:
+            sum_tree.assign_leaves(
+                cached.nodes, rows, self.leaf_values(rows, span, alpha, cached.scale)
+            )
+            return float(sum_tree.total(cached.nodes))
+        table, column = self.table, self.table.arrays
+        return float(
+            compiled["refresh_leaves"](
+                arrays.engine(cached.nodes),
+                sum_tree.leaf_count(cached.nodes).bit_length() - 1,
+                rows,
+                column["episode_id"],
+                column["length"],
+                column["times_sampled"],
+                table.first_id,
+                table.next_id,
+                -1 if self.reuse_limit is None else self.reuse_limit,
+                span,
+                self.unit == "chunk",
+                _NO_POWERS if alpha is None else self._powered(rows, alpha, cached.scale),
+            )
+        )
 
     def _build(self, span: int, alpha: float | None) -> _CachedTree:
         """A tree over every row, scaled by the largest eligible priority (O(E))."""
@@ -200,9 +231,10 @@ class AnchorSampler:
         """`draw`, after refusing a table with nothing eligible (``str(what)`` names the span)."""
         if self.table.num_episodes == 0:
             raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
-        if self.mass(span, alpha) <= 0:
+        tree = self.tree(span, alpha)
+        if float(sum_tree.total(tree)) <= 0:
             raise self.nothing_eligible(span, what, batch_size)
-        return self.draw(batch_size, span, alpha=alpha, generator=generator)
+        return self._draw_from(tree, batch_size, span, alpha, generator)
 
     def draw(
         self,
@@ -219,7 +251,17 @@ class AnchorSampler:
         episodes cannot supply ``batch_size`` draws, `ReuseLimitError` is raised, the
         generator is rewound and nothing changes.
         """
-        tree = self.tree(span, alpha)
+        return self._draw_from(self.tree(span, alpha), batch_size, span, alpha, generator)
+
+    def _draw_from(
+        self,
+        tree: torch.Tensor,
+        batch_size: int,
+        span: int,
+        alpha: float | None,
+        generator: torch.Generator,
+    ) -> Anchors:
+        """`draw` from ``tree``, the up-to-date tree for ``(span, alpha)``."""
         column = self.table.arrays
         if self.reuse_limit is None:
             rows, steps = self._draw_rows(tree, batch_size, span, generator)

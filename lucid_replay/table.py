@@ -10,12 +10,13 @@ the ring's seam, and moving to the previous or next stored episode is just ``off
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-from lucid_replay import arrays
+from lucid_replay import arrays, kernels
 from lucid_replay.arrays import Array
 from lucid_replay.errors import CheckpointError
 
@@ -135,6 +136,30 @@ class EpisodeTable:
     def is_stored(self, episode_ids: Array) -> Array:
         """Elementwise ``first_id <= id < next_id``."""
         return (episode_ids >= self.first_id) & (episode_ids < self.next_id)
+
+    def assign_priorities(self, ids: Array, values: Array) -> tuple[Array, int, float]:
+        """Set the priority of each stored id in ``ids`` to its value in ``values``.
+
+        A repeated id takes the largest of its values; ids that are not stored (evicted)
+        are skipped, so they never touch the rows now reused. ``ids`` and ``values``
+        (float64, positive) are of the `arrays` engine. Returns the rows set (one per
+        stored id), how many distinct rows that is, and the largest value set. O(k).
+        """
+        column = self.arrays["priority"]
+        compiled = kernels.get() if isinstance(column, np.ndarray) else None
+        if compiled is not None:  # one pass, no sort
+            rows, distinct, largest = compiled["assign_priorities"](
+                column, ids, values, self.first_id, self.next_id, self.row_count - 1
+            )
+            return rows, int(distinct), float(largest)
+        stored = self.is_stored(ids)
+        if not bool(stored.all()):
+            ids, values = ids[stored], values[stored]
+        if ids.shape[0] == 0:
+            return ids, 0, -math.inf
+        rows = self.rows_of(ids)
+        arrays.assign_max(column, rows, values)
+        return rows, arrays.count_distinct(rows), float(values.max())
 
     def stored_rows(self) -> torch.Tensor:
         """Rows of all stored episodes, oldest first (O(E); not for hot paths)."""

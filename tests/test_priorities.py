@@ -107,6 +107,16 @@ def test_non_finite_value_on_a_counted_record_is_refused(row, column, value):
         _mix(errors)
 
 
+def test_finite_errors_whose_sum_overflows_are_refused():
+    """Two counted errors of 1e308 are finite, but their sum (and so their mean) is not."""
+    errors = [list(values) for values in ERRORS]
+    errors[0][1], errors[0][2] = 1e308, -1e308
+    with pytest.raises(InvalidArgumentError, match=r"^errors must be finite on valid learning"):
+        _mix(errors)
+    errors[0][2] = 0.0  # one of them alone mixes to a finite priority
+    assert _mix(errors, eta=0.5)[1][0] == 0.5 * 1e308 + 0.5 * (1e308 / 2)
+
+
 def test_windows_without_a_counted_record_are_dropped():
     """A window whose learning records are all invalid (row 1) or all of another episode
     (row 2) has no priority to give: its episode is left out of the result."""
