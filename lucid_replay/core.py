@@ -161,7 +161,11 @@ class ReplayCore:
             out = new_batch(
                 WindowBatch, shape, self.store.schema, target, weights=weights, blocks=self.blocks
             )
-        into = None if window.boundary == "include_reset" else record_arrays(out, table.device)
+        into = (
+            None
+            if window.boundary == "include_reset"
+            else record_arrays(out, table.device, self.blocks)
+        )
         records = expand(table, anchors, window, into)
         return window_batch(self.store.ring, table, anchors, records, window, target, out)
 

@@ -13,13 +13,13 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 
 from lucid_replay import arrays
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
-from lucid_replay.blocks import Blocks
+from lucid_replay.blocks import Blocks, Built
 from lucid_replay.errors import must, must_have, wrong_kind
 from lucid_replay.sampling import Anchors
 from lucid_replay.schema import Schema
@@ -115,25 +115,33 @@ def new_batch(
     """An empty ``kind`` batch of ``shape`` records, all its tensors in one block.
 
     One block per batch, taken before anything else of the draw: from ``blocks`` if given
-    (a block no earlier batch refers to any more), else newly allocated. A stock allocator
-    then hands the next batch the block the previous one freed, as it does for a plain
-    gather, instead of growing and trimming its heap around a dozen outputs and the
-    temporaries between them (which faults hundreds of pages back in per call).
+    (a block no earlier batch refers to any more, with the batch last built on it if it has
+    this layout), else newly allocated. A stock allocator then hands the next batch the
+    block the previous one freed, as it does for a plain gather, instead of growing and
+    trimming its heap around a dozen outputs and the temporaries between them (which faults
+    hundreds of pages back in per call).
     """
     total, groups = _block_layout(kind, shape, schema, weights)
+
+    def build(block: torch.Tensor) -> Built:
+        tensors: dict[str, torch.Tensor | None] = {}
+        for dtype, views in groups:
+            typed = block.view(dtype)  # the block as this dtype: its tensors' offsets align
+            for name, dims, strides, offset in views:
+                tensors[name] = torch.as_strided(typed, dims, strides, offset)
+        data = MappingProxyType({name: tensors.pop(f"data.{name}") for name in schema})
+        if kind is WindowBatch and not weights:
+            tensors["weights"] = None  # a uniform draw has none
+        batch = kind(data=data, **tensors)
+        records = _record_views(batch) if isinstance(batch, WindowBatch) else None
+        owned = [t for t in (*tensors.values(), *data.values()) if t is not None]
+        return (batch, records), (batch, data, *owned)
+
     if blocks is None:
-        block = torch.empty(total, dtype=torch.uint8, device=device)
+        built = build(torch.empty(total, dtype=torch.uint8, device=device))[0]
     else:
-        block = blocks.take(total, device)
-    tensors: dict[str, torch.Tensor | None] = {}
-    for dtype, views in groups:
-        typed = block.view(dtype)  # the block as this dtype: its tensors' offsets align
-        for name, dims, strides, offset in views:
-            tensors[name] = torch.as_strided(typed, dims, strides, offset)
-    data = MappingProxyType({name: tensors.pop(f"data.{name}") for name in schema})
-    if kind is WindowBatch and not weights:
-        tensors["weights"] = None  # a uniform draw has none
-    return kind(data=data, **tensors)
+        built = blocks.take(total, device, (kind, shape, schema, weights), build)
+    return cast(_B, built[0])
 
 
 _View = tuple[str, tuple[int, ...], tuple[int, ...], int]
@@ -186,18 +194,31 @@ def _specs(
     return specs
 
 
-def record_arrays(out: WindowBatch | None, storage: torch.device) -> RecordArrays | None:
-    """``out``'s per-record tensors for `window.expand` to write into, if on ``storage``."""
+def record_arrays(
+    out: WindowBatch | None, storage: torch.device, blocks: Blocks | None = None
+) -> RecordArrays | None:
+    """``out``'s per-record tensors for `window.expand` to write into, if on ``storage``.
+
+    The ones kept with ``out`` if ``blocks`` built it, else new views.
+    """
     if out is None or out.validity_mask.device != storage:
         return None
+    built = None if blocks is None else blocks.built_with(out)
+    if built is not None and isinstance(built[1], RecordArrays):
+        return built[1]
+    return _record_views(out)
+
+
+def _record_views(batch: WindowBatch) -> RecordArrays:
+    """``batch``'s per-record tensors as the `arrays` engine holds them (numpy on CPU)."""
     return RecordArrays(
-        steps=arrays.engine(out.record_steps),
-        valid=arrays.engine(out.validity_mask),
-        is_init=arrays.engine(out.is_init),
-        terminal=arrays.engine(out.terminal),
-        episode_ids=arrays.engine(out.record_episode_ids),
-        learning=arrays.engine(out.learning_mask),
-        sequence=arrays.engine(out.step_in_sequence),
+        steps=arrays.engine(batch.record_steps),
+        valid=arrays.engine(batch.validity_mask),
+        is_init=arrays.engine(batch.is_init),
+        terminal=arrays.engine(batch.terminal),
+        episode_ids=arrays.engine(batch.record_episode_ids),
+        learning=arrays.engine(batch.learning_mask),
+        sequence=arrays.engine(batch.step_in_sequence),
     )
 
 

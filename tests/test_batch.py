@@ -9,6 +9,8 @@ layouts used here are repeated in the comments.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 import torch
 from conftest import (
@@ -259,6 +261,10 @@ def test_batch_memory_is_reused_only_once_nothing_refers_to_it():
         lambda batch: batch.data["serial"][:, 2:],
         lambda batch: batch.validity_mask.numpy(),
         lambda batch: batch.weights,
+        lambda batch: batch.data["serial"],  # the very tensor object the batch holds
+        lambda batch: batch.data,  # its mapping, which holds that tensor
+        lambda batch: dict(batch.data),
+        lambda batch: batch.record_steps,
     ):
         batch = buffer.sample_windows(16, window)
         held = hold(batch)
@@ -273,7 +279,47 @@ def test_batch_memory_is_reused_only_once_nothing_refers_to_it():
 def _values(held):
     if isinstance(held, WindowBatch):
         return [held.data["serial"].tolist(), held.record_steps.tolist(), held.weights.tolist()]
+    if isinstance(held, Mapping):
+        return {name: values.tolist() for name, values in held.items()}
     return held.tolist()
+
+
+@pytest.mark.skipif(lucid_replay.blocks._use_count is None, reason="torch lacks a use count")
+def test_a_dropped_batch_is_drawn_into_again_as_it_was_built():
+    """A batch nobody holds is handed out again, views and all, holding the new draw; one of
+    another layout on the same block is built anew."""
+    buffer = PrioritizedSequenceReplay(500, seed=0)
+    buffer.extend(make_episode(40, first_serial=100 * i) for i in range(6))
+    window = Window(5, burn_in=3, bootstrap=1)
+    first = buffer.sample_windows(16, window)
+    identity, serials = id(first), first.data["serial"].clone()
+    del first
+    again = buffer.sample_windows(16, window)
+    assert id(again) == identity  # the same object, filled by the new draw
+    assert not torch.equal(again.data["serial"], serials)
+    assert torch.equal(again.data["serial"], again.record_steps + 100 * again.record_episode_ids)
+    del again
+    uniform = buffer.sample_windows(16, window, prioritized=False)  # no weights: another layout
+    assert uniform.weights is None and id(uniform) != identity
+
+
+@pytest.mark.skipif(lucid_replay.blocks._use_count is None, reason="torch lacks a use count")
+def test_without_exact_reference_counts_only_the_memory_is_reused(monkeypatch):
+    """Where reference counts are not exact (free-threaded Python), no batch object is kept:
+    a dropped batch's memory is still drawn into, a held one's never."""
+    monkeypatch.setattr(lucid_replay.blocks, "_exact_refcounts", False)
+    buffer = SequenceReplay(200, seed=0)
+    buffer.extend(make_episode(20, first_serial=100 * i) for i in range(3))
+    first = buffer.sample_windows(8, Window(3))
+    address = first.data["serial"].data_ptr()
+    del first
+    held = buffer.sample_windows(8, Window(3))
+    assert held.data["serial"].data_ptr() == address
+    assert all(kept.built == () for kept in buffer._core.blocks._kept)
+    expected = held.data["serial"].tolist()
+    for _ in range(2 * lucid_replay.blocks.KEPT):
+        buffer.sample_windows(8, Window(3))
+    assert held.data["serial"].tolist() == expected
 
 
 def test_without_a_storage_use_count_no_batch_memory_is_kept(monkeypatch):
