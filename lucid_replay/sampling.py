@@ -168,12 +168,12 @@ class AnchorSampler:
             sum_tree.assign_leaves(
                 cached.nodes, rows, self.leaf_values(rows, span, alpha, cached.scale)
             )
-            return float(sum_tree.total(cached.nodes))
+            return cached.total()
         table, column = self.table, self.table.arrays
         return float(
             compiled["refresh_leaves"](
-                arrays.engine(cached.nodes),
-                sum_tree.leaf_count(cached.nodes).bit_length() - 1,
+                cached.engine,
+                cached.levels,
                 rows,
                 column["episode_id"],
                 column["length"],
@@ -205,7 +205,7 @@ class AnchorSampler:
         trees' scales: ``log sum_e n_e p_e^alpha`` for chunks.
         """
         cached = self._cached(span, alpha)
-        total = float(sum_tree.total(cached.nodes))
+        total = cached.total()
         if total <= 0:
             return -math.inf
         return math.log(total) + (0.0 if alpha is None else alpha * math.log(cached.scale))
@@ -217,7 +217,7 @@ class AnchorSampler:
         For the uniform tree (``alpha=None``) this is the number of eligible anchors
         (``unit="chunk"``) or episodes (``unit="episode"``), O(1) amortised.
         """
-        return float(sum_tree.total(self.tree(span, alpha)))
+        return self._cached(span, alpha).total()
 
     def checked_draw(
         self,
@@ -231,10 +231,10 @@ class AnchorSampler:
         """`draw`, after refusing a table with nothing eligible (``str(what)`` names the span)."""
         if self.table.num_episodes == 0:
             raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
-        tree = self.tree(span, alpha)
-        if float(sum_tree.total(tree)) <= 0:
+        cached = self._cached(span, alpha)
+        if cached.total() <= 0:
             raise self.nothing_eligible(span, what, batch_size)
-        return self._draw_from(tree, batch_size, span, alpha, generator)
+        return self._draw_from(cached, batch_size, span, alpha, generator)
 
     def draw(
         self,
@@ -251,23 +251,23 @@ class AnchorSampler:
         episodes cannot supply ``batch_size`` draws, `ReuseLimitError` is raised, the
         generator is rewound and nothing changes.
         """
-        return self._draw_from(self.tree(span, alpha), batch_size, span, alpha, generator)
+        return self._draw_from(self._cached(span, alpha), batch_size, span, alpha, generator)
 
     def _draw_from(
         self,
-        tree: torch.Tensor,
+        cached: _CachedTree,
         batch_size: int,
         span: int,
         alpha: float | None,
         generator: torch.Generator,
     ) -> Anchors:
-        """`draw` from ``tree``, the up-to-date tree for ``(span, alpha)``."""
+        """`draw` from ``cached``, the up-to-date tree for ``(span, alpha)``."""
         column = self.table.arrays
         if self.reuse_limit is None:
-            rows, steps = self._draw_rows(tree, batch_size, span, generator)
+            rows, steps = self._draw_rows(cached, batch_size, span, generator)
             _count_draws(column["times_sampled"], rows)
         else:
-            drawn_rows, drawn_steps = self._draw_within_limit(tree, batch_size, span, generator)
+            drawn_rows, drawn_steps = self._draw_within_limit(cached, batch_size, span, generator)
             self._count_draws_within_limit(drawn_rows)
             rows, steps = arrays.engine(drawn_rows), arrays.engine(drawn_steps)
         return self._anchors(rows, steps, alpha)
@@ -284,8 +284,7 @@ class AnchorSampler:
         (a refused draw exhausted its episode, which then has mass 0). The caller checks
         that the mass is positive.
         """
-        tree = self.tree(span, alpha)
-        rows, steps = self._draw_rows(tree, count, span, generator)
+        rows, steps = self._draw_rows(self._cached(span, alpha), count, span, generator)
         if self.reuse_limit is None:
             _count_draws(self.table.arrays["times_sampled"], rows)
             return self._anchors(rows, steps, alpha), torch.ones(count, dtype=torch.bool)
@@ -317,7 +316,7 @@ class AnchorSampler:
         self.mark_dirty(rows)
 
     def _draw_rows(
-        self, tree: torch.Tensor, count: int, span: int, generator: torch.Generator
+        self, cached: _CachedTree, count: int, span: int, generator: torch.Generator
     ) -> tuple[Array, Array]:
         """``count`` rows by leaf mass and a uniform eligible step in each (`arrays` engine)."""
         uniforms = torch.rand(
@@ -326,17 +325,17 @@ class AnchorSampler:
         drawn = arrays.engine(uniforms)
         compiled = kernels.get() if isinstance(drawn, np.ndarray) else None
         if compiled is not None:  # the same arithmetic, one compiled call
-            levels = sum_tree.leaf_count(tree).bit_length() - 1
             lengths = self.table.arrays["length"]
-            rows, steps = compiled["draw_rows"](arrays.engine(tree), levels, drawn, lengths, span)
+            rows, steps = compiled["draw_rows"](cached.engine, cached.levels, drawn, lengths, span)
             return rows, steps
+        tree = cached.nodes
         rows = sum_tree.search(tree, drawn[:, 0] * arrays.engine(sum_tree.total(tree)))
         anchors = eligible_anchors(self.table.arrays["length"][rows], span)
         steps = arrays.minimum(arrays.cast(drawn[:, 1] * anchors, torch.int64), anchors - 1)
         return rows, steps
 
     def _draw_within_limit(
-        self, tree: torch.Tensor, batch_size: int, span: int, generator: torch.Generator
+        self, cached: _CachedTree, batch_size: int, span: int, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw in rounds that never exceed an episode's remaining allowance.
 
@@ -353,10 +352,10 @@ class AnchorSampler:
         exhausted: list[torch.Tensor] = []
         try:
             while rows.numel() < batch_size:
-                if float(sum_tree.total(tree)) <= 0:
+                if cached.total() <= 0:
                     generator.set_state(saved_state)
                     raise self.reuse_limit_error(span, batch_size)
-                drawn = self._draw_rows(tree, batch_size - rows.numel(), span, generator)
+                drawn = self._draw_rows(cached, batch_size - rows.numel(), span, generator)
                 new_rows, new_steps = arrays.tensor(drawn[0]), arrays.tensor(drawn[1])
                 every = torch.cat([rows, new_rows])
                 rank = _occurrence_rank(every)
@@ -365,7 +364,8 @@ class AnchorSampler:
                 rows = torch.cat([rows, new_rows[keep]])
                 steps = torch.cat([steps, new_steps[keep]])
                 used_up = torch.unique(every[rank + 1 == allowance])
-                sum_tree.assign_leaves(tree, used_up, torch.zeros_like(used_up, dtype=tree.dtype))
+                zeros = torch.zeros_like(used_up, dtype=cached.nodes.dtype)
+                sum_tree.assign_leaves(cached.nodes, used_up, zeros)
                 exhausted.append(used_up)
         finally:
             for used_up in exhausted:  # temporary zeros; leaves are recomputed from the table
@@ -410,10 +410,16 @@ class _CachedTree:
 
     def __init__(self, nodes: torch.Tensor, scale: float) -> None:
         self.nodes = nodes
+        self.engine = arrays.engine(nodes)  # the same memory, for the index arithmetic
+        self.levels = sum_tree.leaf_count(nodes).bit_length() - 1
         self.scale = scale
         self.pending: list[int | torch.Tensor] = []
         self.pending_count = 0
         self.stale = False  # so many rows changed that a rebuild is cheaper
+
+    def total(self) -> float:
+        """The sum of the leaves (a host synchronisation on a device)."""
+        return float(self.engine[1])
 
     def note(self, rows: int | torch.Tensor, row_count: int) -> None:
         if self.stale:
