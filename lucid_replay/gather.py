@@ -18,6 +18,7 @@ from typing import TypeVar, cast
 import torch
 
 from lucid_replay import arrays
+from lucid_replay.arrays import Array
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.blocks import Blocks, Built
 from lucid_replay.errors import must, must_have, wrong_kind
@@ -45,17 +46,17 @@ def chunk_batch(
 
     ``out`` (on ``target``) is a `PrioritizedBatch` for a prioritized draw; see `new_batch`.
     """
-    first = table.start[anchors.rows] + anchors.steps
+    first = table.arrays["start"][anchors.rows] + anchors.steps
 
     def read(into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
         return ring.gather_runs(first, length, 1, None, None, table.oldest_offset, into)
 
     gather(ring, (int(first.shape[0]), length), target, read, out.data)
-    out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
-    out.starts.copy_(anchors.steps, non_blocking=True)
+    _copy(out.episode_ids, anchors.episode_ids)
+    _copy(out.starts, anchors.steps)
     if isinstance(out, PrioritizedBatch) and anchors.weights is not None:
-        out.indices.copy_(anchors.episode_ids, non_blocking=True)
-        out.weights.copy_(anchors.weights, non_blocking=True)
+        _copy(out.indices, anchors.episode_ids)
+        _copy(out.weights, anchors.weights)
     return out
 
 
@@ -88,19 +89,24 @@ def window_batch(
     shape = tuple(records.valid.shape)
     gather(ring, (shape[0], shape[1]), target, read, out.data)
     if not records.filled:  # else `expand` wrote them all into out
-        out.validity_mask.copy_(records.valid, non_blocking=True)
-        out.is_init.copy_(records.is_init, non_blocking=True)
-        out.terminal.copy_(records.terminal, non_blocking=True)
-        out.record_episode_ids.copy_(records.episode_ids, non_blocking=True)
-        out.record_steps.copy_(records.steps, non_blocking=True)
+        _copy(out.validity_mask, records.valid)
+        _copy(out.is_init, records.is_init)
+        _copy(out.terminal, records.terminal)
+        _copy(out.record_episode_ids, records.episode_ids)
+        _copy(out.record_steps, records.steps)
         per_record = layout(window, target)
         out.learning_mask.copy_(per_record.learning_mask.expand(shape))  # rewritten: the
         out.step_in_sequence.copy_(per_record.record.expand(shape))  # caller may edit them
-    out.episode_ids.copy_(anchors.episode_ids, non_blocking=True)
-    out.anchor_steps.copy_(anchors.steps, non_blocking=True)
+    _copy(out.episode_ids, anchors.episode_ids)
+    _copy(out.anchor_steps, anchors.steps)
     if out.weights is not None and anchors.weights is not None:
-        out.weights.copy_(anchors.weights, non_blocking=True)
+        _copy(out.weights, anchors.weights)
     return out
+
+
+def _copy(into: torch.Tensor, values: Array) -> None:
+    """Copy the `arrays` engine's ``values`` into the batch tensor ``into`` (any device)."""
+    into.copy_(arrays.tensor(values), non_blocking=True)
 
 
 def new_batch(

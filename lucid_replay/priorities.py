@@ -75,14 +75,15 @@ class Priorities:
         self.beta = self.initial_beta + fraction * (final - self.initial_beta)
 
     # --------------------------------------------------------------------- weights
-    def weights(self, drawn: Array) -> torch.Tensor:
+    def weights(self, drawn: Array) -> Array:
         """Importance weights (float32) of a batch whose draws have priorities ``drawn``.
 
         ``(N P_i)^-beta / max_j (N P_j)^-beta = (p_min / p_i)^(alpha beta)``: ``N`` and the
-        normaliser cancel, and the ratio is at most 1, so the power never overflows.
+        normaliser cancel, and the ratio is at most 1, so the power never overflows. Of the
+        `arrays` engine of ``drawn``.
         """
         ratio = drawn.min() / drawn
-        return arrays.tensor(arrays.cast(ratio ** (self.alpha * self.beta), torch.float32))
+        return arrays.cast(ratio ** (self.alpha * self.beta), torch.float32)
 
     # ------------------------------------------------------------------- snapshots
     def config(self) -> dict[str, float]:

@@ -49,16 +49,18 @@ def eligible_anchors(lengths: Array, span: int) -> Array:
 class Anchors:
     """Drawn anchors: table rows, episode ids and steps (int64 ``[B]``).
 
-    ``priorities`` (float64 ``[B]``, of the `arrays` engine) are the drawn episodes'
-    priorities for a prioritized draw, from which the caller computes importance weights over
-    the whole batch; ``None`` for a uniform draw. ``weights`` are those weights once computed.
+    ``priorities`` (float64 ``[B]``) are the drawn episodes' priorities for a prioritized
+    draw, from which the caller computes importance weights over the whole batch; ``None``
+    for a uniform draw. ``weights`` (float32 ``[B]``) are those weights once computed. All
+    are arrays of the `arrays` engine (numpy on CPU): the stages of a draw pass them on
+    without a conversion to tensors and back.
     """
 
-    rows: torch.Tensor
-    episode_ids: torch.Tensor
-    steps: torch.Tensor
+    rows: Array
+    episode_ids: Array
+    steps: Array
     priorities: Array = None
-    weights: torch.Tensor | None = None
+    weights: Array = None
 
 
 class AnchorSampler:
@@ -298,9 +300,9 @@ class AnchorSampler:
     def _anchors(self, rows: Array, steps: Array, alpha: float | None) -> Anchors:
         column = self.table.arrays
         return Anchors(
-            arrays.tensor(rows),
-            arrays.tensor(column["episode_id"][rows]),
-            arrays.tensor(steps),
+            rows,
+            column["episode_id"][rows],
+            steps,
             None if alpha is None else column["priority"][rows],
         )
 

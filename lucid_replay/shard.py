@@ -94,7 +94,7 @@ class ShardHooks:
                 alpha=core.alpha(prioritized),
                 generator=core.generator,
             )
-            core.chunks_sampled += anchors.steps.numel()
+            core.chunks_sampled += int(anchors.steps.shape[0])
             store = core.store
             if chunks:
                 assert store.schema is not None  # a positive mass means stored episodes

@@ -175,11 +175,11 @@ class TransitionRing:
 
     def gather_runs(
         self,
-        first_offsets: torch.Tensor,
+        first_offsets: Array,
         size: int,
         stride: int,
         records: tuple[Array, Array] | None,
-        exact: torch.Tensor | None,
+        exact: Array | None,
         oldest_offset: int,
         out: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
@@ -188,7 +188,8 @@ class TransitionRing:
         Run ``b`` holds the transitions at offsets ``first_offsets[b] + stride * k``, except the
         records where ``exact`` is False (clamped records; ``exact=None`` means none are),
         which hold the offsets ``starts[b] + steps[b, k]`` of ``records = (starts, steps)``
-        (`arrays` engine, ``[B]`` and ``[B, size]``; ``None`` only with ``exact=None``).
+        (``[B]`` and ``[B, size]``; ``None`` only with ``exact=None``). All are arrays of the
+        `arrays` engine.
 
         Each run is read as one block through a strided view of the ring (about 30% faster
         than gathering its records one by one). With the compiled kernels, CPU storage and
@@ -204,14 +205,13 @@ class TransitionRing:
         record by record.
         """
         span = 1 + stride * (size - 1)
-        raw = arrays.engine(first_offsets)
-        firsts = raw % self.capacity  # raw offsets may be negative
+        firsts = first_offsets % self.capacity  # offsets may be negative
         compiled = kernels.get() if isinstance(firsts, np.ndarray) else None  # on CPU
         if compiled is not None and out is not None and _on_cpu(out):
             # The runs are copied first; those that are clamped or cross the seam read any
             # run in range, and gather_records overwrites them, so with most records clamped
             # it copies everything itself instead.
-            engine_exact = None if exact is None else np.ascontiguousarray(arrays.engine(exact))
+            engine_exact = None if exact is None else np.ascontiguousarray(exact)
             copied = span <= self.capacity
             if copied and engine_exact is not None:
                 copied = 4 * np.count_nonzero(engine_exact) > 3 * engine_exact.size
@@ -233,7 +233,7 @@ class TransitionRing:
                 self._addresses,
                 self._row_bytes,
                 copied,
-                np.ascontiguousarray(raw),
+                np.ascontiguousarray(first_offsets),
                 stride,
                 size,
                 _ALL_EXACT if engine_exact is None else engine_exact,
@@ -251,7 +251,7 @@ class TransitionRing:
         every = None
         if span > self.capacity or not bool((firsts <= self.capacity - span).all()):
             every = offsets_at(None)
-        where = None if exact is None else arrays.flat_nonzero(~arrays.engine(exact))
+        where = None if exact is None else arrays.flat_nonzero(~exact)
         if where is not None and where.shape[0] * 4 > first_offsets.shape[0] * size:
             every = offsets_at(None)
         if every is not None:
@@ -336,7 +336,7 @@ def _on_cpu(out: Mapping[str, torch.Tensor]) -> bool:
 
 
 def _offsets(
-    first_offsets: torch.Tensor,
+    first_offsets: Array,
     size: int,
     stride: int,
     records: tuple[Array, Array] | None,
@@ -344,8 +344,7 @@ def _offsets(
 ) -> Array:
     """Offsets of `gather_runs`'s records at flat ``positions`` (all, ``[B, size]``, for None)."""
     if records is None:
-        record = arrays.engine(torch.arange(size, device=first_offsets.device) * stride)
-        every = arrays.engine(first_offsets)[:, None] + record
+        every = first_offsets[:, None] + arrays.arange(size, first_offsets) * stride
         return every if positions is None else every.reshape(-1)[positions]
     starts, steps = records
     if positions is None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lucid_replay import arrays
 from lucid_replay.checks import as_vector
 from lucid_replay.episode import Episode
 from lucid_replay.errors import UnknownEpisodeError, must
@@ -189,7 +190,8 @@ class EpisodeStore:
                 f"a step of episode {int(ids[at])} (0 .. {int(lengths[at]) - 1})",
                 int(steps[at]),
             )
-        return Anchors(table.rows_of(ids), ids, steps)
+        rows = table.rows_of(ids)
+        return Anchors(arrays.engine(rows), arrays.engine(ids), arrays.engine(steps))
 
     def write_records(
         self,

@@ -151,16 +151,17 @@ class Records:
 
     Record offsets (see `TransitionRing.slots`) are ``starts[b] + steps[b, k]`` within one
     episode; ``include_reset`` windows, which cross episodes, carry them in ``offsets``.
-    ``clamped`` says whether any record is invalid (else the gather needs no repair).
+    ``clamped`` says whether any record is invalid (else the gather needs no repair). Arrays
+    of the `arrays` engine (numpy on CPU).
     """
 
     # [B]: where record 0 would be without clamping; record k then at + k * dilation
-    first_offsets: torch.Tensor
-    episode_ids: torch.Tensor
-    steps: torch.Tensor
-    valid: torch.Tensor
-    is_init: torch.Tensor
-    terminal: torch.Tensor
+    first_offsets: Array
+    episode_ids: Array
+    steps: Array
+    valid: Array
+    is_init: Array
+    terminal: Array
     clamped: bool
     starts: Array = None  # [B] offsets of the episodes' step 0 (one episode per window)
     offsets: Array = None  # [B, W] (across episodes)
@@ -172,9 +173,8 @@ class Records:
         Both on the `arrays` engine, ``[B]`` and ``[B, W]``.
         """
         if self.offsets is not None:
-            offsets = arrays.engine(self.offsets)
-            return offsets[:, 0] * 0, offsets
-        return self.starts, arrays.engine(self.steps)
+            return self.offsets[:, 0] * 0, self.offsets
+        return self.starts, self.steps
 
 
 @attrs.frozen(eq=False)
@@ -223,19 +223,19 @@ def expand(
     written there instead of into new arrays.
     """
     episode_ids = anchors.episode_ids
-    column, where = table.arrays, arrays.engine(anchors.rows)
+    column, where = table.arrays, anchors.rows
     last = column["length"][where] - 1
-    anchor = arrays.engine(anchors.steps)
+    anchor = anchors.steps
     if window.boundary == "stop":
         to_last_record = window.dilation * (window.length + window.bootstrap - 1)
         overrun = to_last_record - (last - anchor)
         anchor = anchor - arrays.minimum(overrun * (overrun > 0), anchor)
     starts = column["start"][where]
-    cached = layout(window, episode_ids.device)
     if window.boundary == "include_reset":
+        cached = layout(window, table.device)
         return _across_episodes(
             table,
-            episode_ids,
+            arrays.tensor(episode_ids),
             arrays.tensor(starts).unsqueeze(1),
             arrays.tensor(last).unsqueeze(1),
             arrays.tensor(anchor).unsqueeze(1) + cached.step_offset,
@@ -245,6 +245,7 @@ def expand(
         return _compiled_records(
             compiled, column, where, anchor, last, starts, anchors, window, into
         )
+    cached = layout(window, table.device)
     # Record k targets step anchor + (k - burn_in) * dilation, which rises with k: a window's
     # valid records are one run, from the first with a target >= 0 (the only record that is
     # first or at step 0) to the last with a target <= last, and a record is at the last step
@@ -260,13 +261,13 @@ def expand(
         valid = arrays.full(shape, True, torch.bool, steps)
         is_init = arrays.full(shape, False, torch.bool, steps)
         terminal = arrays.full(shape, False, torch.bool, steps)
-        record_ids = arrays.repeat_columns(arrays.engine(episode_ids), window.size)
+        record_ids = arrays.repeat_columns(episode_ids, window.size)
     else:
         steps, valid, is_init, terminal = into.steps, into.valid, into.is_init, into.terminal
         arrays.add_outer(anchor, step_offset, out=steps)
         valid[...], is_init[...], terminal[...] = True, False, False
         record_ids = into.episode_ids
-        record_ids[...] = arrays.engine(episode_ids)[:, None]
+        record_ids[...] = episode_ids[:, None]
         into.learning[...] = arrays.engine(cached.learning_mask)
         into.sequence[...] = record
     first_step = anchor - window.burn_in * window.dilation  # record 0's target
@@ -284,12 +285,12 @@ def expand(
     if ending.shape[0]:
         terminal[ending] = record >= at_last[ending, None]
     return Records(
-        first_offsets=arrays.tensor(starts + first_step),
-        episode_ids=arrays.tensor(record_ids),
-        steps=arrays.tensor(steps),
-        valid=arrays.tensor(valid),
-        is_init=arrays.tensor(is_init),
-        terminal=arrays.tensor(terminal),
+        first_offsets=starts + first_step,
+        episode_ids=record_ids,
+        steps=steps,
+        valid=valid,
+        is_init=is_init,
+        terminal=terminal,
         clamped=clamped,
         starts=starts,
         filled=into is not None,
@@ -324,7 +325,7 @@ def _compiled_records(
         np.ascontiguousarray(anchor),
         np.ascontiguousarray(last),
         np.ascontiguousarray(column["terminated"][where]),
-        arrays.engine(anchors.episode_ids),
+        anchors.episode_ids,
         window.burn_in,
         window.length,
         window.dilation,
@@ -337,12 +338,12 @@ def _compiled_records(
         into.sequence,
     )
     return Records(
-        first_offsets=arrays.tensor(starts + anchor - window.burn_in * window.dilation),
-        episode_ids=arrays.tensor(into.episode_ids),
-        steps=arrays.tensor(into.steps),
-        valid=arrays.tensor(into.valid),
-        is_init=arrays.tensor(into.is_init),
-        terminal=arrays.tensor(into.terminal),
+        first_offsets=starts + anchor - window.burn_in * window.dilation,
+        episode_ids=into.episode_ids,
+        steps=into.steps,
+        valid=into.valid,
+        is_init=into.is_init,
+        terminal=into.terminal,
         clamped=bool(clamped),
         starts=starts,
         filled=filled,
@@ -370,12 +371,12 @@ def _across_episodes(
     is_init = first_valid | (valid & (steps == 0))
     terminal = table.terminated[record_rows] & (steps == table.length[record_rows] - 1)
     return Records(
-        first_offsets=wanted[:, 0],
-        episode_ids=record_ids,
-        steps=steps,
-        valid=valid,
-        is_init=is_init,
-        terminal=terminal,
+        first_offsets=arrays.engine(wanted[:, 0]),
+        episode_ids=arrays.engine(record_ids),
+        steps=arrays.engine(steps),
+        valid=arrays.engine(valid),
+        is_init=arrays.engine(is_init),
+        terminal=arrays.engine(terminal),
         clamped=True,  # records of other episodes are read one by one
-        offsets=offsets,
+        offsets=arrays.engine(offsets),
     )

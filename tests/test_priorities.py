@@ -236,8 +236,8 @@ def test_weights_are_the_priority_ratio_to_the_power_alpha_beta():
     """``w = (p_min / p)^(alpha beta)``: float32, [B], exactly 1 for the smallest priority."""
     priorities = Priorities(0.5, 0.4, 1e-6)
     drawn = arrays.engine(torch.tensor([2.0, 1.0, 4.0, 1.0], dtype=torch.float64))
-    weights = priorities.weights(drawn)
-    assert isinstance(weights, torch.Tensor) and weights.dtype == torch.float32
+    weights = arrays.tensor(priorities.weights(drawn))
+    assert weights.dtype == torch.float32
     assert weights.shape == (4,) and float(weights.max()) == 1.0
     expected = [2**-0.2, 1.0, 4**-0.2, 1.0]
     assert weights.tolist() == pytest.approx(expected, rel=1e-6)

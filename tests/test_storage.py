@@ -433,7 +433,9 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
         out = {k: torch.full_like(v, 7) for k, v in expected.items()} if into else None
         torch.set_num_threads(count)
         try:
-            got = ring.gather_runs(firsts, size, stride, records, exact, oldest, out)
+            got = ring.gather_runs(
+                arrays.engine(firsts), size, stride, records, arrays.engine(exact), oldest, out
+            )
         finally:
             torch.set_num_threads(threads)
         for name in ("x", "flag"):
@@ -449,11 +451,11 @@ def test_compiled_gather_refuses_an_offset_outside_the_ring(index_engine):
         pytest.skip("the guard is the compiled gather's")
     ring = TransitionRing(10, torch.device("cpu"))
     ring.allocate({"x": ((3,), torch.float32)})
-    exact = torch.tensor([[True, False]])
+    exact = np.array([[True, False]])
     records = (np.array([-50]), np.array([[0, 1]]))
     out = {"x": torch.empty(1, 2, 3)}
     with pytest.raises(IndexError, match="outside the stored range"):
-        ring.gather_runs(torch.tensor([0]), 2, 1, records, exact, 0, out)
+        ring.gather_runs(np.array([0]), 2, 1, records, exact, 0, out)
 
 
 def test_compiled_block_copy_refuses_a_block_outside_the_ring(index_engine):
