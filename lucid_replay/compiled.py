@@ -68,6 +68,33 @@ def count(times: np.ndarray, rows: np.ndarray) -> None:
 
 
 @jit
+def draw(
+    tree: np.ndarray,
+    levels: int,
+    uniforms: np.ndarray,
+    lengths: np.ndarray,
+    span: int,
+    times: np.ndarray,
+    episode_id: np.ndarray,
+    priority: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`AnchorSampler._draw_from` without a reuse limit: `draw_rows`, then `count`.
+
+    Returns the rows, steps, episode ids and (if ``priority`` has rows: a prioritized draw)
+    priorities of the draws.
+    """
+    rows, steps = draw_rows(tree, levels, uniforms, lengths, span)
+    count(times, rows)
+    ids = np.empty(rows.shape[0], dtype=np.int64)
+    drawn = np.empty(rows.shape[0] if priority.shape[0] else 0, dtype=np.float64)
+    for i in range(rows.shape[0]):
+        ids[i] = episode_id[rows[i]]
+        if drawn.shape[0]:
+            drawn[i] = priority[rows[i]]
+    return rows, steps, ids, drawn
+
+
+@jit
 def _recompute_ancestors(tree: np.ndarray, node: int, levels: int) -> None:
     """Recompute the ``levels`` ancestors of tree ``node`` from their children."""
     for _ in range(levels):
@@ -251,6 +278,7 @@ KERNELS: dict[str, Any] = {
     "gather_records": gather_records,
     "count": count,
     "draw_rows": draw_rows,
+    "draw": draw,
     "descend": descend,
     "refresh": refresh,
     "expand": expand,

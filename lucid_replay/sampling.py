@@ -83,6 +83,8 @@ class AnchorSampler:
         self.episodes_retired = torch.zeros((), dtype=torch.int64, device=table.device)
         self._trees: OrderedDict[tuple[int, float | None], _CachedTree] = OrderedDict()
         self._generation = table.generation
+        self._kept_uniforms: torch.Tensor | None = None  # see `_uniforms`
+        self._kept_engine: Array = None
 
     # ------------------------------------------------------------------------ the cache
     def mark_dirty(self, rows: int | torch.Tensor) -> None:
@@ -265,6 +267,19 @@ class AnchorSampler:
     ) -> Anchors:
         """`draw` from ``cached``, the up-to-date tree for ``(span, alpha)``."""
         column = self.table.arrays
+        compiled = kernels.get() if isinstance(cached.engine, np.ndarray) else None
+        if self.reuse_limit is None and compiled is not None:  # one compiled call
+            rows, steps, ids, drawn = compiled["draw"](
+                cached.engine,
+                cached.levels,
+                self._uniforms(batch_size, generator),
+                column["length"],
+                span,
+                column["times_sampled"],
+                column["episode_id"],
+                _NO_POWERS if alpha is None else column["priority"],
+            )
+            return Anchors(rows, ids, steps, None if alpha is None else drawn)
         if self.reuse_limit is None:
             rows, steps = self._draw_rows(cached, batch_size, span, generator)
             _count_draws(column["times_sampled"], rows)
@@ -321,10 +336,7 @@ class AnchorSampler:
         self, cached: _CachedTree, count: int, span: int, generator: torch.Generator
     ) -> tuple[Array, Array]:
         """``count`` rows by leaf mass and a uniform eligible step in each (`arrays` engine)."""
-        uniforms = torch.rand(
-            (count, 2), dtype=torch.float64, generator=generator, device=generator.device
-        ).to(self.table.device)
-        drawn = arrays.engine(uniforms)
+        drawn = self._uniforms(count, generator)
         compiled = kernels.get() if isinstance(drawn, np.ndarray) else None
         if compiled is not None:  # the same arithmetic, one compiled call
             lengths = self.table.arrays["length"]
@@ -335,6 +347,22 @@ class AnchorSampler:
         anchors = eligible_anchors(self.table.arrays["length"][rows], span)
         steps = arrays.minimum(arrays.cast(drawn[:, 1] * anchors, torch.int64), anchors - 1)
         return rows, steps
+
+    def _uniforms(self, count: int, generator: torch.Generator) -> Array:
+        """``[count, 2]`` float64 uniforms from ``generator`` on the table's engine.
+
+        Drawn into a tensor kept for the next draw of the same size (what ``torch.rand``
+        would draw, without its allocation); valid until the next call.
+        """
+        kept = self._kept_uniforms
+        if kept is None or kept.shape[0] != count or kept.device != generator.device:
+            kept = torch.empty((count, 2), dtype=torch.float64, device=generator.device)
+            self._kept_uniforms = kept
+            self._kept_engine = arrays.engine(kept.to(self.table.device))
+        kept.uniform_(generator=generator)
+        if kept.device != self.table.device:
+            return arrays.engine(kept.to(self.table.device))
+        return self._kept_engine
 
     def _draw_within_limit(
         self, cached: _CachedTree, batch_size: int, span: int, generator: torch.Generator
