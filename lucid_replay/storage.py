@@ -34,6 +34,7 @@ class TransitionRing:
         self._addresses = self._row_bytes = _NO_STARTS
         self._runs_scratch = np.empty((4, 0), dtype=np.int64)
         self._views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # see _run_views
+        self._splits: dict[tuple[int, int, int], tuple[np.ndarray, tuple[str, ...]]] = {}
         self._scratch: dict[str, torch.Tensor] = {}
         # Pinned host buffers for gathers to an accelerator, by batch shape, and the event
         # after which their last copy out has finished.
@@ -62,7 +63,7 @@ class TransitionRing:
                     f"bytes on {self.device}), got {self.capacity}: {reason}"
                 ) from None
         self.fields = fields
-        self._views = {}
+        self._views, self._splits = {}, {}
         try:  # numpy views of the same memory, for `write`
             self._host_fields = {name: store.numpy() for name, store in fields.items()}
         except TypeError:  # not on CPU, or a dtype numpy lacks
@@ -196,10 +197,10 @@ class TransitionRing:
         ``out`` on CPU, one kernel call then copies the clamped records and the runs across
         the ring's seam; with more than a quarter of the records clamped it copies every
         run itself instead, as blocks of memory. Otherwise the runs are copied first: with
-        one torch thread and stride 1 by a kernel that copies each field's blocks in turn
-        (6-11% faster per sample than ``index_select`` from 10k to 10M transitions, caches
-        swept), else by ``index_select``, which splits the copy across torch's intra-op
-        threads (with two, up to 13% faster than the serial kernel). Without the kernels
+        stride 1 by a kernel that copies each field's blocks in turn (with one torch thread
+        6-11% faster per sample than ``index_select`` from 10k to 10M transitions, caches
+        swept), except that with several threads ``index_select``, which splits a copy
+        across them, copies the fields whose runs are large (see `_copiers`). Without the kernels
         the clamped records are repaired by a per-record gather, and a batch with a run
         across the seam, or with more than a quarter of its records to repair, is gathered
         record by record.
@@ -218,15 +219,15 @@ class TransitionRing:
             targets = np.array([out[name].data_ptr() for name in self.fields], dtype=np.int64)
             if copied:
                 slots = np.minimum(firsts, self.capacity - span)
-                # Each run is one block with stride 1. index_select splits its copy across
-                # torch's threads; with one, the kernel's copy is faster.
-                if stride == 1 and torch.get_num_threads() == 1:
-                    blocks = self._addresses, self._row_bytes, slots, size, self.capacity
-                    compiled["copy_blocks"](targets, *blocks)
-                else:
+                serial, parallel = self._copiers(size, stride)
+                if serial.shape[0]:
+                    blocks = self._addresses[serial], self._row_bytes[serial], slots, size
+                    compiled["copy_blocks"](targets[serial], *blocks, self.capacity)
+                if parallel:
                     positions = torch.from_numpy(slots)
-                    for name, runs in self._run_views(size, stride).items():
-                        torch.index_select(runs, 0, positions, out=out[name])
+                    views = self._run_views(size, stride)
+                    for name in parallel:
+                        torch.index_select(views[name], 0, positions, out=out[name])
             starts, steps = (_NO_STARTS, _NO_STEPS) if records is None else records
             compiled["gather_records"](
                 targets,
@@ -264,6 +265,31 @@ class TransitionRing:
         if where is not None and where.shape[0]:
             self._repair(result, where, self.slots(offsets_at(where), oldest_offset))
         return result
+
+    def _copiers(self, size: int, stride: int) -> tuple[np.ndarray, tuple[str, ...]]:
+        """Which fields' runs the kernel copies (positions), and which ``index_select`` does.
+
+        A run of stride 1 is one block. ``index_select`` splits its copy across torch's
+        threads, which pays for large blocks only: with two threads, a batch's 28 kB blocks
+        (256 windows of 109 records of 64 float32) copied 1.35x faster than by the serial
+        kernel, its 872 B blocks 1.8x slower and its 109 B ones 1.8x slower still. With one
+        thread the kernel copies every field.
+        """
+        threads = torch.get_num_threads()
+        split = self._splits.get((size, stride, threads))
+        if split is None:
+            serial = [
+                stride == 1 and (threads == 1 or size * width < _PARALLEL_BLOCK)
+                for width in self._row_bytes.tolist()
+            ]
+            split = (
+                np.flatnonzero(serial),
+                tuple(name for name, kernel in zip(self.fields, serial, strict=True) if not kernel),
+            )
+            if len(self._splits) >= 8:
+                self._splits.clear()
+            self._splits[(size, stride, threads)] = split
+        return split
 
     def _run_views(self, size: int, stride: int) -> dict[str, torch.Tensor]:
         """Each field as overlapping runs, ``[capacity - span + 1, size, *field_shape]``.
@@ -326,6 +352,7 @@ class TransitionRing:
         return torch.index_select(store, 0, slots, out=scratch[:count])
 
 
+_PARALLEL_BLOCK = 4096  # bytes of a field's run from which index_select copies it
 _NO_STARTS = np.empty(0, dtype=np.int64)  # records=None: every record is at its run's offset
 _NO_STEPS = np.empty((0, 0), dtype=np.int64)
 _ALL_EXACT = np.empty((0, 0), dtype=np.bool_)  # exact=None: no record is clamped

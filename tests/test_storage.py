@@ -407,9 +407,16 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
     from lucid_replay.storage import TransitionRing
 
     ring = TransitionRing(capacity, torch.device("cpu"))
-    ring.allocate({"x": ((2,), torch.float32), "flag": ((), torch.bool)})
+    # "wide" records are 2 kB: runs of 2 or more are 4 kB blocks, which index_select copies
+    # when torch has several threads (the kernel copies the smaller ones).
+    ring.allocate(
+        {"x": ((2,), torch.float32), "flag": ((), torch.bool), "wide": ((512,), torch.float32)}
+    )
     ring.fields["x"].copy_(torch.arange(2 * capacity, dtype=torch.float32).view(capacity, 2))
     ring.fields["flag"].copy_(torch.arange(capacity) % 3 == 0)
+    ring.fields["wide"].copy_(
+        torch.randn(capacity, 512, generator=torch.Generator().manual_seed(0))
+    )
     oldest = data.draw(st.integers(0, 3 * capacity), label="oldest")
     batch = data.draw(st.integers(1, 5), label="batch")
     firsts = torch.tensor(
@@ -438,7 +445,7 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
             )
         finally:
             torch.set_num_threads(threads)
-        for name in ("x", "flag"):
+        for name in ("x", "flag", "wide"):
             assert torch.equal(got[name], expected[name]), (into, count, name)
 
 
