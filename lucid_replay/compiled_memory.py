@@ -5,9 +5,10 @@ functions, so that numba caches them on disk.
 
 Raw memory access on int64 addresses, which numba lacks: ``memcpy(target, source, count)``
 copies ``count`` bytes (LLVM's memcpy: a 28 kB run several times faster than an element loop);
-``load_word`` / ``store_word`` and ``load_byte`` / ``store_byte`` move an unaligned 8-byte and a
-1-byte unsigned integer; ``prefetch_read`` / ``prefetch_write`` hint that a cache line is about
-to be read or written (LLVM's prefetch: never faults, changes no byte).
+``load_word`` / ``store_word``, ``load_int`` / ``store_int`` and ``load_byte`` / ``store_byte``
+move an unaligned 8-byte, 4-byte and 1-byte unsigned integer; ``prefetch_read`` /
+``prefetch_write`` hint that a cache line is about to be read or written (LLVM's prefetch:
+never faults, changes no byte).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def _access(bits: int) -> tuple[Any, Any]:
 
 
 load_word, store_word = _access(64)
+load_int, store_int = _access(32)
 load_byte, store_byte = _access(8)
 
 
@@ -139,12 +141,52 @@ def _copy_run(into: int, source: int, width: int, run: np.ndarray) -> None:
     if kind == 1:
         copy(at, source + slot * width, (end - begin) * width)
         return
+    length = end - begin
+    if width == 8 or width == 4 or width == 1:  # a fill: one store per record
+        _fill(at, source + slot * width, width, length)
+        return
     copy(at, source + slot * width, width)  # one record, then doubling copies of it
-    filled, length = 1, end - begin
+    filled = 1
     while filled < length:
         more = min(filled, length - filled)
         copy(at + filled * width, at, more * width)
         filled += more
+
+
+@jit
+def _fill(at: int, source: int, width: int, count: int) -> None:
+    """Write ``count`` copies of the ``width``-byte record at ``source`` (1, 4 or 8 bytes)."""
+    if width == 8:
+        word = load_word(source)
+        for i in range(count):
+            store_word(at + 8 * i, word)
+    elif width == 4:
+        half = load_int(source)
+        for i in range(count):
+            store_int(at + 4 * i, half)
+    else:
+        byte = load_byte(source)
+        for i in range(count):
+            store_byte(at + i, byte)
+
+
+_ALL_TRUE = np.uint64(0x0101010101010101)  # eight of numpy's True (the byte 1); unsigned,
+# as a signed literal would make numba compare the two as float64, which cannot tell them apart
+
+
+@jit
+def _all_exact(exact: np.ndarray, b: int, size: int) -> bool:
+    """Whether row ``b`` of the C-contiguous bool ``exact`` is all True, 8 bytes a read."""
+    row, k = exact.ctypes.data + b * size, 0
+    while k + 8 <= size:
+        if load_word(row + k) != _ALL_TRUE:
+            return False
+        k += 8
+    while k < size:
+        if load_byte(row + k) == 0:
+            return False
+        k += 1
+    return True
 
 
 @jit
@@ -235,14 +277,14 @@ def gather_records(
     """`TransitionRing.gather_runs` for every field at once.
 
     ``targets`` and ``sources`` are the addresses of the fields' contiguous batch and ring
-    memory, ``row_bytes`` their bytes per record. Record ``k`` of window ``b`` reads the
-    slot of offset ``firsts[b] + stride * k`` where it is ``exact`` (every record is if
+    memory, ``row_bytes`` their bytes per record. Record ``k`` of window ``b`` reads the slot of
+    offset ``firsts[b] + stride * k`` where it is ``exact`` (C-contiguous; every record is if
     ``exact`` has no rows), else that of ``starts[b] + steps[b, k]``. Records at consecutive
     slots, or repeating one slot, are copied as one run. If ``copied``, every field already
-    holds the run of every window whose run from slot ``firsts[b] % capacity`` lies inside
-    the ring: of those windows only the records that are not exact are copied. ``runs`` is
-    scratch memory, int64 ``[4, size]`` (allocating it here would put small blocks
-    among the batches on the heap, which a stock allocator then trims and faults back in).
+    holds the run of every window whose run from slot ``firsts[b] % capacity`` lies inside the
+    ring: of those windows only the records that are not exact are copied. ``runs`` is scratch
+    memory, int64 ``[4, size]`` (allocating it here would put small blocks among the batches on
+    the heap, which a stock allocator then trims and faults back in).
 
     When it copies every window (not ``copied``), it prefetches the ends of the window
     `_AHEAD` places on: short episodes' windows are mostly records clamped to a step read
@@ -260,12 +302,7 @@ def gather_records(
                     slot = _slot(firsts, stride, exact_k, starts, steps, capacity, base, a, k)
                     _prefetch_reads(sources, row_bytes, slot, capacity)
                 _prefetch_writes(targets, row_bytes, a, size)
-        whole = True
-        if checked:
-            for k in range(size):
-                if not exact[b, k]:
-                    whole = False
-                    break
+        whole = not checked or _all_exact(exact, b, size)
         first = firsts[b] % capacity  # the slot `copied` runs started at
         inside = first + stride * (size - 1) < capacity
         repair = copied and inside  # its run is in place: only its inexact records

@@ -105,3 +105,14 @@ def test_repairs_of_clamped_records_are_the_same_bytes_for_every_dtype(monkeypat
         assert torch.equal(values, _typed_episode(2_000, 0)[field][serial])
         for name in ("kernels", "torch"):
             assert torch.equal(batches[name].data[field], values), (name, field)
+
+
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 16, 109])
+def test_whole_row_check_finds_a_false_at_every_position(size):
+    """The gather's row check reads 8 bools at a time: a single False anywhere in a row, in a
+    full word or in the tail, makes the row not exact; rows of True are exact."""
+    from lucid_replay.compiled_memory import _all_exact
+
+    rows = np.ones((size + 1, size), dtype=np.bool_)
+    rows[np.arange(size), np.arange(size)] = False  # row k has its only False at k
+    assert [_all_exact(rows, b, size) for b in range(size + 1)] == [False] * size + [True]
