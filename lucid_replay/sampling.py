@@ -81,7 +81,7 @@ class AnchorSampler:
         self.unit = unit
         self.reuse_limit = reuse_limit
         self.episodes_retired = torch.zeros((), dtype=torch.int64, device=table.device)
-        self._trees: OrderedDict[tuple[int, float | None], _CachedTree] = OrderedDict()
+        self._trees: OrderedDict[tuple[int, float | None], sum_tree.CachedTree] = OrderedDict()
         self._generation = table.generation
         self._kept_uniforms: torch.Tensor | None = None  # see `_uniforms`
         self._kept_engine: Array = None
@@ -146,7 +146,7 @@ class AnchorSampler:
         """
         return self._cached(span, alpha).nodes
 
-    def _cached(self, span: int, alpha: float | None) -> _CachedTree:
+    def _cached(self, span: int, alpha: float | None) -> sum_tree.CachedTree:
         if self._generation != self.table.generation:
             self.invalidate()
         key = (span, alpha)
@@ -164,7 +164,7 @@ class AnchorSampler:
         self._trees.move_to_end(key)
         return cached
 
-    def _refresh(self, cached: _CachedTree, span: int, alpha: float | None) -> float:
+    def _refresh(self, cached: sum_tree.CachedTree, span: int, alpha: float | None) -> float:
         """Recompute the leaves of ``cached``'s pending rows (O(k log E)); return its total."""
         rows = cached.take_pending(self.table.device)
         compiled = kernels.get() if isinstance(rows, np.ndarray) else None
@@ -191,7 +191,7 @@ class AnchorSampler:
             )
         )
 
-    def _build(self, span: int, alpha: float | None) -> _CachedTree:
+    def _build(self, span: int, alpha: float | None) -> sum_tree.CachedTree:
         """A tree over every row, scaled by the largest eligible priority (O(E))."""
         rows = arrays.engine(torch.arange(self.table.row_count, device=self.table.device))
         scale = 1.0
@@ -200,7 +200,7 @@ class AnchorSampler:
             if bool(eligible.any()):
                 scale = float(self.table.arrays["priority"][rows][eligible].max())
         leaves = arrays.tensor(self.leaf_values(rows, span, alpha, scale))
-        return _CachedTree(sum_tree.build(leaves), scale)
+        return sum_tree.CachedTree(sum_tree.build(leaves), scale)
 
     def log_mass(self, span: int, alpha: float | None) -> float:
         """``log`` of the unscaled total mass (``-inf`` when nothing is eligible).
@@ -259,7 +259,7 @@ class AnchorSampler:
 
     def _draw_from(
         self,
-        cached: _CachedTree,
+        cached: sum_tree.CachedTree,
         batch_size: int,
         span: int,
         alpha: float | None,
@@ -333,7 +333,7 @@ class AnchorSampler:
         self.mark_dirty(rows)
 
     def _draw_rows(
-        self, cached: _CachedTree, count: int, span: int, generator: torch.Generator
+        self, cached: sum_tree.CachedTree, count: int, span: int, generator: torch.Generator
     ) -> tuple[Array, Array]:
         """``count`` rows by leaf mass and a uniform eligible step in each (`arrays` engine)."""
         drawn = self._uniforms(count, generator)
@@ -365,7 +365,7 @@ class AnchorSampler:
         return self._kept_engine
 
     def _draw_within_limit(
-        self, cached: _CachedTree, batch_size: int, span: int, generator: torch.Generator
+        self, cached: sum_tree.CachedTree, batch_size: int, span: int, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw in rounds that never exceed an episode's remaining allowance.
 
@@ -433,48 +433,6 @@ class AnchorSampler:
             f"{self.reuse_limit} for the eligible episodes ({self.draws_left(span)}), "
             f"got {batch_size}"
         )
-
-
-class _CachedTree:
-    """A sum tree, the scale of its leaves and the rows whose leaves changed since."""
-
-    def __init__(self, nodes: torch.Tensor, scale: float) -> None:
-        self.nodes = nodes
-        self.engine = arrays.engine(nodes)  # the same memory, for the index arithmetic
-        self.levels = sum_tree.leaf_count(nodes).bit_length() - 1
-        self.scale = scale
-        self.pending: list[int | torch.Tensor] = []
-        self.pending_count = 0
-        self.stale = False  # so many rows changed that a rebuild is cheaper
-
-    def total(self) -> float:
-        """The sum of the leaves (a host synchronisation on a device)."""
-        return float(self.engine[1])
-
-    def note(self, rows: int | torch.Tensor, row_count: int) -> None:
-        if self.stale:
-            return
-        self.pending.append(rows)
-        self.pending_count += 1 if isinstance(rows, int) else rows.numel()
-        # More pending rows than rows: a build computes fewer leaves than the refresh would.
-        # Below that the refresh is the cheaper one: its O(k log E) node updates are one
-        # compiled loop (or log E array ops), a build's O(E) work some 30 array ops. Rebuilding
-        # from k = E / 8 on, as before, cost 0.12-0.24 ms of each 1.2-2.2 ms sample + update
-        # of 256 windows from 1,000 episodes.
-        if self.pending_count > row_count:
-            self.stale, self.pending, self.pending_count = True, [], 0
-
-    def take_pending(self, device: torch.device) -> Array:
-        """The pending rows, as `arrays` engine; clears them.
-
-        A row may repeat: its leaf is then recomputed twice, alike.
-        """
-        parts = [arrays.engine(row).reshape(-1) for row in self.pending if not isinstance(row, int)]
-        ints = [row for row in self.pending if isinstance(row, int)]
-        if ints:
-            parts.append(arrays.from_ints(ints, device))
-        self.pending, self.pending_count = [], 0
-        return arrays.concatenate(parts)
 
 
 def _count_draws(times_sampled: Array, rows: Array) -> None:
