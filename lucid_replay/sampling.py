@@ -36,7 +36,7 @@ __all__: list[str] = []  # internal module
 
 _MAX_TREES = 8  # distinct spans kept at once; the least recently used tree is dropped beyond
 _TOTAL_RANGE = (2.0**-700, 2.0**700)  # leaves <= n_e <= 2**62 each after a rescale
-_NO_POWERS = np.empty(0, dtype=np.float64)  # a uniform tree's leaves, for `refresh_leaves`
+_NO_VALUES = np.empty(0, dtype=np.float64)  # a kernel's optional input, absent (uniform)
 
 
 def eligible_anchors(lengths: Array, span: int) -> Array:
@@ -187,7 +187,7 @@ class AnchorSampler:
                 -1 if self.reuse_limit is None else self.reuse_limit,
                 span,
                 self.unit == "chunk",
-                _NO_POWERS if alpha is None else self._powered(rows, alpha, cached.scale),
+                _NO_VALUES if alpha is None else self._powered(rows, alpha, cached.scale),
             )
         )
 
@@ -277,7 +277,7 @@ class AnchorSampler:
                 span,
                 column["times_sampled"],
                 column["episode_id"],
-                _NO_POWERS if alpha is None else column["priority"],
+                _NO_VALUES if alpha is None else column["priority"],
             )
             return Anchors(rows, ids, steps, None if alpha is None else drawn)
         if self.reuse_limit is None:
