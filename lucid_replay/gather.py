@@ -127,7 +127,8 @@ def new_batch(
     trimming its heap around a dozen outputs and the temporaries between them (which faults
     hundreds of pages back in per call).
     """
-    total, groups = _block_layout(kind, shape, schema, weights)
+    layout = _block_layout(kind, shape, schema, weights)
+    total, groups = layout
 
     def build(block: torch.Tensor) -> Built:
         tensors: dict[str, torch.Tensor | None] = {}
@@ -146,7 +147,7 @@ def new_batch(
     if blocks is None:
         built = build(torch.empty(total, dtype=torch.uint8, device=device))[0]
     else:
-        built = blocks.take(total, device, (kind, shape, schema, weights), build)
+        built = blocks.take(total, device, layout, build)  # the cached layout: its own key
     return cast(_B, built[0])
 
 

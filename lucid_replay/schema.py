@@ -78,10 +78,11 @@ class Schema(Mapping[str, FieldSpec]):
     Field order does not matter: two schemas with the same entries are equal.
     """
 
-    __slots__ = ("_fields",)
+    __slots__ = ("_fields", "_hash")
 
     def __init__(self, fields: Mapping[str, FieldSpec]) -> None:
         self._fields = {name: (tuple(shape), dtype) for name, (shape, dtype) in fields.items()}
+        self._hash: int | None = None  # computed once: every draw looks up its batch layout
 
     @classmethod
     def of(cls, steps: Mapping[str, torch.Tensor]) -> Schema:
@@ -141,7 +142,14 @@ class Schema(Mapping[str, FieldSpec]):
         return isinstance(other, Mapping) and self._fields == dict(other.items())
 
     def __hash__(self) -> int:
-        return hash(frozenset(self._fields.items()))
+        if self._hash is None:
+            self._hash = hash(frozenset(self._fields.items()))
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Schema], tuple[dict[str, FieldSpec]]]:
+        # The fields only: a hash computed in another process (salted string hashes) is
+        # wrong in this one.
+        return Schema, (self._fields,)
 
     def __repr__(self) -> str:
         return repr(self._fields)  # reads as the plain mapping it compares equal to

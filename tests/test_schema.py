@@ -139,3 +139,16 @@ def test_a_field_with_no_elements_per_step_goes_through_every_path():
     assert buffer.write_back(across, "e", torch.zeros(8, 7, 2, 0)) > 0
     buffer.load_state_dict(buffer.state_dict())
     assert buffer[buffer.episode_ids[0]]["e"].shape == (7, 2, 0)
+
+
+def test_a_schema_pickles_without_its_hash():
+    """A schema's hash is cached, but not pickled: string hashes are salted per process, so
+    a copy recomputes its own (and still equals and hashes like the original here)."""
+    import pickle
+
+    schema = Schema({"obs": ((3,), torch.float32), "done": ((), torch.bool)})
+    hash(schema)  # cached now
+    copy = pickle.loads(pickle.dumps(schema))
+    assert copy._hash is None
+    assert copy == schema and hash(copy) == hash(schema)
+    assert {schema: 1}[copy] == 1
