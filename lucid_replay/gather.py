@@ -136,13 +136,15 @@ def new_batch(
             typed = block.view(dtype)  # the block as this dtype: its tensors' offsets align
             for name, dims, strides, offset in views:
                 tensors[name] = torch.as_strided(typed, dims, strides, offset)
-        data = MappingProxyType({name: tensors.pop(f"data.{name}") for name in schema})
+        fields = {name: tensors.pop(f"data.{name}") for name in schema}
+        data = MappingProxyType(fields)
         if kind is WindowBatch and not weights:
             tensors["weights"] = None  # a uniform draw has none
         batch = kind(data=data, **tensors)
         records = _record_views(batch) if isinstance(batch, WindowBatch) else None
-        owned = [t for t in (*tensors.values(), *data.values()) if t is not None]
-        return (batch, records), (batch, data, *owned)
+        owned = [t for t in (*tensors.values(), *fields.values()) if t is not None]
+        # The dict too: a view of the mapping (data.values()) holds it, not the mapping.
+        return (batch, records), (batch, data, fields, *owned)
 
     if blocks is None:
         built = build(torch.empty(total, dtype=torch.uint8, device=device))[0]

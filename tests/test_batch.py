@@ -9,7 +9,7 @@ layouts used here are repeated in the comments.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, ValuesView
 
 import pytest
 import torch
@@ -264,6 +264,7 @@ def test_batch_memory_is_reused_only_once_nothing_refers_to_it():
         lambda batch: batch.data["serial"],  # the very tensor object the batch holds
         lambda batch: batch.data,  # its mapping, which holds that tensor
         lambda batch: dict(batch.data),
+        lambda batch: batch.data.values(),  # a view of the dict behind the mapping
         lambda batch: batch.record_steps,
     ):
         batch = buffer.sample_windows(16, window)
@@ -281,6 +282,8 @@ def _values(held):
         return [held.data["serial"].tolist(), held.record_steps.tolist(), held.weights.tolist()]
     if isinstance(held, Mapping):
         return {name: values.tolist() for name, values in held.items()}
+    if isinstance(held, ValuesView):
+        return [values.tolist() for values in held]
     return held.tolist()
 
 
