@@ -159,12 +159,12 @@ def window_priorities(
             raise must_have(
                 "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
             )
-    on_host = isinstance(arrays.engine(validity_mask), np.ndarray)
-    compiled = kernels.get() if on_host else None
+    valid = arrays.engine(validity_mask)
+    compiled = kernels.get() if isinstance(valid, np.ndarray) else None
     if compiled is not None:  # the same arithmetic in one compiled pass
         ids, mixed, finite = compiled["route"](
             arrays.engine(learning_mask),
-            arrays.engine(validity_mask),
+            valid,
             arrays.engine(record_episode_ids),
             arrays.engine(episode_ids),
             arrays.engine(values),
