@@ -194,13 +194,20 @@ def batch_errors(
 
     ``[B]`` errors come back as they are, with the anchors' ids (``mixed=False``: they still
     go through ``update_priorities``' checks); ``[B, W]`` errors as the `window_priorities`
-    of the windows with a counted record (``mixed=True``).
+    of the windows with a counted record (``mixed=True``). A ``mask`` with ``[B]`` errors is
+    refused: it selects records, and those errors have none.
     """
     eta = check_float("eta", eta, minimum=0.0, maximum=1.0)
     if not isinstance(batch, WindowBatch):
         raise wrong_kind("batch", "a WindowBatch", type(batch).__name__)
     values = as_tensor("errors", errors)
     if tuple(values.shape) == tuple(batch.validity_mask.shape[:1]):
+        if mask is not None:  # a per-window error has no records left to leave out
+            raise must_have(
+                "mask",
+                "None with per-window errors [B] (mask the records of [B, W] errors instead)",
+                f"a mask with errors of shape {tuple(values.shape)}",
+            )
         return batch.episode_ids, values, False
     ids, mixed = window_priorities(
         batch.learning_mask,

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from lucid_replay import arrays
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
 from lucid_replay.checks import as_vector, check_float
 from lucid_replay.errors import must
@@ -186,13 +187,14 @@ class PrioritizedSequenceReplay(SequenceReplay):
             self._check_issued(ids)
             return self._core.apply_priorities(ids, priorities)
 
-    def _check_issued(self, ids: torch.Tensor) -> None:
+    def _check_issued(self, ids: torch.Tensor, param: str = "indices") -> None:
         next_id = self._core.store.table.next_id
-        issued = (ids >= 0) & (ids < next_id)
+        values = arrays.engine(ids)
+        issued = (values >= 0) & (values < next_id)
         if not bool(issued.all()):
-            at = int((~issued).nonzero()[0])
+            at = int(arrays.flat_nonzero(~issued)[0])
             ids_so_far = f"0 .. {next_id - 1}" if next_id else "none issued yet"
-            raise must(f"indices[{at}]", f"an issued episode id ({ids_so_far})", int(ids[at]))
+            raise must(f"{param}[{at}]", f"an issued episode id ({ids_so_far})", int(ids[at]))
 
     def update_priorities_from(
         self, batch: WindowBatch, errors: Any, *, eta: float = 0.9, mask: Any = None
@@ -207,13 +209,25 @@ class PrioritizedSequenceReplay(SequenceReplay):
 
         ``mask`` (bool ``[B, W]``, optional) narrows the counted records further, for records
         that have no TD error (for example a step with nothing after it to bootstrap from). A
-        window left with no counted record keeps its episode's priority.
+        window left with no counted record keeps its episode's priority. With ``[B]`` errors
+        ``mask`` must be ``None``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            As `update_priorities` (both forms: an id never issued by this buffer is refused
+            and nothing is updated), for errors of another shape, a NaN or infinite error on
+            a counted record, or a ``mask`` with ``[B]`` errors.
+        TypeError
+            If ``batch`` is not a `WindowBatch`.
         """
         ids, mixed, per_record = batch_errors(batch, errors, eta=eta, mask=mask)
         if not per_record:
             return self.update_priorities(ids, mixed)
         priorities = self._priorities.of_errors(mixed.to(self._device))
         with self._lock:
+            # Every anchor, not only the routed ones: a batch of another buffer is refused.
+            self._check_issued(batch.episode_ids.to(self._device), "batch.episode_ids")
             return self._core.apply_priorities(ids.to(self._device), priorities)
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:

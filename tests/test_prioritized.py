@@ -730,6 +730,38 @@ def test_update_priorities_from_mask_narrows_the_counted_records():
         buffer.update_priorities_from(batch, errors, mask=torch.ones(2, 3))
 
 
+@pytest.mark.parametrize("form", ["per-window", "per-record"])
+def test_update_priorities_from_refuses_a_batch_with_ids_never_issued_here(form):
+    """A batch of another buffer whose anchors this buffer never issued is refused in both
+    forms, with nothing updated (old: [B, W] errors applied the issued ids and skipped the
+    rest silently)."""
+    source = PrioritizedSequenceReplay(capacity=1000, seed=0)
+    target = PrioritizedSequenceReplay(capacity=1000, seed=0)
+    source.extend(make_episode(10) for _ in range(10))
+    target.extend(make_episode(10) for _ in range(3))
+    batch = source.sample_windows(32, Window(3))
+    assert int(batch.episode_ids.max()) >= 3
+    errors = torch.full((32,), 4.0) if form == "per-window" else torch.full((32, 3), 4.0)
+    param = "indices" if form == "per-window" else "batch.episode_ids"
+    match = rf"{re.escape(param)}\[\d+\] must be an issued episode id \(0 \.\. 2\)"
+    assert_refused(target, lambda: target.update_priorities_from(batch, errors), ValueError, match)
+
+
+def test_update_priorities_from_refuses_a_mask_with_per_window_errors():
+    """``mask=`` selects records, which ``[B]`` errors do not have: refused, nothing updated
+    (old: the mask was ignored)."""
+    buffer = PrioritizedSequenceReplay(capacity=100, seed=0)
+    first, second = buffer.add(make_episode(6)), buffer.add(make_episode(6))
+    batch = buffer.gather_windows([first, second], [0, 0], Window(3))
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    assert_refused(
+        buffer,
+        lambda: buffer.update_priorities_from(batch, torch.tensor([1.0, 2.0]), mask=mask),
+        ValueError,
+        r"mask must be None with per-window errors \[B\]",
+    )
+
+
 # ------------------------------------------------------------------ extreme priorities
 
 
