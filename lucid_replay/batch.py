@@ -39,17 +39,22 @@ def record_positions(batch: object) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 def _to_device(value: object, device: _DeviceLike, non_blocking: bool) -> object:
+    # copy=True: also on the batch's own device a new tensor, never the batch's memory, which
+    # a later draw may overwrite (`out=`, `iterate(recycle=True)`).
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=non_blocking)
+        return value.to(device, non_blocking=non_blocking, copy=True)
     if isinstance(value, Mapping):
         return MappingProxyType(
-            {k: v.to(device, non_blocking=non_blocking) for k, v in value.items()}
+            {k: v.to(device, non_blocking=non_blocking, copy=True) for k, v in value.items()}
         )
     return value
 
 
 def _moved(instance: _Moved, device: _DeviceLike, non_blocking: bool) -> _Moved:
-    """A copy of the attrs instance with every tensor (also inside mappings) on ``device``."""
+    """A copy of the attrs instance with every tensor (also inside mappings) on ``device``.
+
+    Always a copy, also to the device the batch is on: the copy owns its memory.
+    """
     changes = {
         field.name: _to_device(getattr(instance, field.name), device, non_blocking)
         for field in attrs.fields(type(instance))
@@ -80,7 +85,13 @@ class Batch:
         return self.data[name]
 
     def to(self, device: _DeviceLike, non_blocking: bool = False) -> Batch:
-        """Return a copy with every tensor on ``device``."""
+        """Return a copy with every tensor on ``device``.
+
+        Always a copy, also to the device the batch is already on: ``batch.to("cpu")`` of a
+        CPU batch keeps what ``out=`` or ``iterate(recycle=True)`` will overwrite.
+        With ``non_blocking=True`` and a CUDA target, the copy is asynchronous: synchronise
+        before reading it on the host.
+        """
         return _moved(self, device, non_blocking)
 
     def to_tensordict(self) -> TensorDictBase:
@@ -178,7 +189,13 @@ class WindowBatch:
         return flat
 
     def to(self, device: _DeviceLike, non_blocking: bool = False) -> WindowBatch:
-        """Return a copy with every tensor on ``device``."""
+        """Return a copy with every tensor on ``device``.
+
+        Always a copy, also to the device the batch is already on: ``batch.to("cpu")`` of a
+        CPU batch keeps what ``out=`` or ``iterate(recycle=True)`` will overwrite.
+        With ``non_blocking=True`` and a CUDA target, the copy is asynchronous: synchronise
+        before reading it on the host.
+        """
         return _moved(self, device, non_blocking)
 
     def to_tensordict(self) -> TensorDictBase:
