@@ -14,9 +14,10 @@ views), and the next draw of the same layout takes that again rather than buildi
 dozen views anew (about 40 us a draw once a gather has evicted the caches). The pool holds
 those objects itself, so the use count alone no longer shows whether the caller holds the
 batch, its data mapping or one of its tensors: a block counts as free only when, in
-addition, the reference counts of those objects are back to what they were when the pool
-alone held them. Where reference counts are not exact (a free-threaded Python), nothing
-built is kept.
+addition, the reference counts of those objects, and of the block's storage object (which a
+caller holding ``tensor.untyped_storage()`` holds), are back to what they were when the pool
+alone held them. Where reference counts are not exact (a free-threaded Python), no block is
+reused.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ class Blocks:
         built for ``key``, that is returned as it is, else ``build`` runs on it again.
         Otherwise a new block is allocated (and kept, the oldest kept block forgotten).
         """
-        if device.type != "cpu" or _use_count is None:  # accelerators have caching allocators
+        if device.type != "cpu" or _use_count is None or not _exact_refcounts:
+            # Accelerators have caching allocators; and where reference counts are not exact
+            # (a free-threaded Python), a holder of the storage could not be seen: no reuse.
             return build(torch.empty(nbytes, dtype=torch.uint8, device=device))[0]
         for index, kept in enumerate(self._kept):
             if kept.block.shape[0] == nbytes and kept.free():
@@ -87,11 +90,8 @@ class _Kept:
         self.unused = self._counts()
 
     def rebuild(self, key: Hashable, build: Callable[[torch.Tensor], Built]) -> tuple[object, ...]:
-        """Build on the block for ``key``; keep the result where reference counts are exact."""
+        """Build on the block for ``key`` and keep the result, with the counts it leaves."""
         self.key, self.built, self.watched = None, (), ()  # let the old build go first
-        if not _exact_refcounts:
-            self.unused = self._counts()
-            return build(self.block)[0]
         # No local name may hold the build when the counts are taken: they must be what
         # the pool alone holds (a local would be gone by the next `free`).
         self.built, self.watched = build(self.block)
@@ -103,10 +103,10 @@ class _Kept:
         return self._counts() == self.unused
 
     def _counts(self) -> tuple[int, ...]:
-        return (_count(self.block), *[sys.getrefcount(item) for item in self.watched])
-
-
-def _count(block: torch.Tensor) -> int:
-    assert _use_count is not None
-    count: int = _use_count(block.untyped_storage()._cdata)
-    return count
+        # A tensor or view of the block holds its storage (the use count); a caller holding
+        # `tensor.untyped_storage()` holds the storage's one Python object instead, which
+        # torch keeps alive while the storage lives: its reference count shows that holder.
+        assert _use_count is not None
+        storage = self.block.untyped_storage()
+        held = (_use_count(storage._cdata), sys.getrefcount(storage))
+        return (*held, *[sys.getrefcount(item) for item in self.watched])

@@ -134,6 +134,36 @@ def test_batch_and_prioritized_batch_to_keep_their_class_and_values():
     assert torch.equal(prioritized.indices, prioritized.episode_ids)
 
 
+@pytest.mark.parametrize("recycled", ["out", "recycle"])
+def test_to_the_same_device_is_a_copy_that_a_later_draw_leaves_alone(recycled):
+    """batch.to(its own device) copies every tensor: kept past `out=` or `recycle=True`,
+    the copy still holds the draw it was made from."""
+    buffer = PrioritizedSequenceReplay(500, seed=0)
+    buffer.extend(make_episode(30, first_serial=100 * i) for i in range(10))
+    window = Window(3, burn_in=1)
+    stream = buffer.iterate(4, window, prefetch=1, recycle=True) if recycled == "recycle" else None
+    batch = next(stream) if stream is not None else buffer.sample_windows(4, window)
+    kept = batch.to("cpu")
+    tensors = {"serial": batch["serial"], **{n: getattr(batch, n) for n in PER_RECORD}}
+    copies = {"serial": kept["serial"], **{n: getattr(kept, n) for n in PER_RECORD}}
+    for name, tensor in tensors.items():
+        assert copies[name].untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
+    expected = {name: tensor.tolist() for name, tensor in copies.items()}
+    for _ in range(6):
+        if stream is not None:
+            next(stream)
+        else:
+            buffer.sample_windows(4, window, out=batch)
+    if stream is not None:
+        stream.close()
+    assert {name: tensor.tolist() for name, tensor in copies.items()} == expected
+    assert not torch.equal(batch["serial"], kept["serial"])  # the batch itself was drawn into
+    chunks = buffer.sample_prioritized(4, 2)
+    moved = chunks.to("cpu")
+    for name in ("episode_ids", "starts", "indices", "weights"):
+        assert getattr(moved, name).data_ptr() != getattr(chunks, name).data_ptr(), name
+
+
 # ------------------------------------------------------------------------------ CUDA
 
 
@@ -266,6 +296,7 @@ def test_batch_memory_is_reused_only_once_nothing_refers_to_it():
         lambda batch: dict(batch.data),
         lambda batch: batch.data.values(),  # a view of the dict behind the mapping
         lambda batch: batch.record_steps,
+        lambda batch: batch.data["serial"].untyped_storage(),  # the memory, by its storage
     ):
         batch = buffer.sample_windows(16, window)
         held = hold(batch)
@@ -284,6 +315,8 @@ def _values(held):
         return {name: values.tolist() for name, values in held.items()}
     if isinstance(held, ValuesView):
         return [values.tolist() for values in held]
+    if isinstance(held, torch.UntypedStorage):
+        return torch.empty(0, dtype=torch.uint8).set_(held).tolist()
     return held.tolist()
 
 
@@ -306,23 +339,18 @@ def test_a_dropped_batch_is_drawn_into_again_as_it_was_built():
     assert uniform.weights is None and id(uniform) != identity
 
 
-@pytest.mark.skipif(lucid_replay.blocks._use_count is None, reason="torch lacks a use count")
-def test_without_exact_reference_counts_only_the_memory_is_reused(monkeypatch):
-    """Where reference counts are not exact (free-threaded Python), no batch object is kept:
-    a dropped batch's memory is still drawn into, a held one's never."""
+def test_without_exact_reference_counts_no_batch_memory_is_reused(monkeypatch):
+    """Where reference counts are not exact (free-threaded Python), a holder of a batch's
+    storage could not be seen: every draw gets new memory, and a held batch keeps its values."""
     monkeypatch.setattr(lucid_replay.blocks, "_exact_refcounts", False)
     buffer = SequenceReplay(200, seed=0)
     buffer.extend(make_episode(20, first_serial=100 * i) for i in range(3))
-    first = buffer.sample_windows(8, Window(3))
-    address = first.data["serial"].data_ptr()
-    del first
-    held = buffer.sample_windows(8, Window(3))
-    assert held.data["serial"].data_ptr() == address
-    assert all(kept.built == () for kept in buffer._core.blocks._kept)
-    expected = held.data["serial"].tolist()
+    storage = buffer.sample_windows(8, Window(3)).data["serial"].untyped_storage()
+    expected = torch.empty(0, dtype=torch.uint8).set_(storage).tolist()
     for _ in range(2 * lucid_replay.blocks.KEPT):
         buffer.sample_windows(8, Window(3))
-    assert held.data["serial"].tolist() == expected
+    assert buffer._core.blocks._kept == []
+    assert torch.empty(0, dtype=torch.uint8).set_(storage).tolist() == expected
 
 
 def test_without_a_storage_use_count_no_batch_memory_is_kept(monkeypatch):
