@@ -280,7 +280,7 @@ def construct(state: Mapping[str, Any], expected: type[_T], device: object) -> _
         raise CheckpointError(
             f"checkpoint class must be a {expected.__name__}, got {state.get('class')!r}"
         )
-    config = state["config"]
+    config = state.get("config")  # a version-1 header may come without one
     if not isinstance(config, Mapping):
         raise CheckpointError(f"checkpoint configuration must be a mapping, got {config!r}")
     config = dict(config)

@@ -792,6 +792,19 @@ def test_header_valid_file_with_a_bad_configuration_is_a_checkpoint_error(tmp_pa
         SequenceReplay.load(path)
 
 
+@pytest.mark.parametrize("config", ["absent", None, "a string", 3])
+def test_version_1_header_without_a_configuration_is_a_checkpoint_error(tmp_path, config):
+    """A version-1 file whose header holds no configuration mapping is a `CheckpointError`
+    naming the configuration (old: KeyError('config') for a missing one)."""
+    for cls in (SequenceReplay, PrioritizedSequenceReplay):
+        state = {"format": "lucid_replay.buffer", "version": 1, "class": cls.__name__}
+        if config != "absent":
+            state["config"] = config
+        _write(tmp_path / "v1.pt", state)
+        with pytest.raises(CheckpointError, match="checkpoint configuration must be a mapping"):
+            cls.load(tmp_path / "v1.pt")
+
+
 def test_flipped_data_bit_in_a_file_is_refused(tmp_path):
     """A bit flipped inside stored data fails the checksum (old: loaded the flipped value)."""
     source = _source()
