@@ -64,7 +64,8 @@ def n_step_returns(
         Float ``[B, W]``, for example the target network's
         ``Q(s, argmax_a Q_online(s, a))`` at each record's observation (``"record"``) or
         next observation (``"next"``). Only the entries bootstrapped from are read, so NaN
-        or inf elsewhere never reaches a target.
+        or inf elsewhere never reaches a target; nor does a value whose discount
+        $\gamma^{m_k}$ is 0 (``discount=0`` gives the rewards alone).
     n
         The most transitions summed per target. ``>= 1``.
     discount
@@ -156,7 +157,10 @@ def n_step_returns(
     value = torch.where(batch.terminal.gather(1, last), zero, value)
     mask = batch.learning_mask & batch.validity_mask & (reached > 0)
     scale = torch.full(shape, discount, dtype=dtype, device=device).pow(reached)
-    return torch.where(mask, returns + scale * value, zero), mask
+    # A value discounted to nothing (discount 0, or gamma^m below the dtype's range) is not
+    # part of the target, whatever it holds: 0 * inf would make the reward NaN.
+    bootstrapped = torch.where(scale != 0, scale * value, zero)
+    return torch.where(mask, returns + bootstrapped, zero), mask
 
 
 def _shifted(values: torch.Tensor, by: int, fill: float | bool, width: int) -> torch.Tensor:

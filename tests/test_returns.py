@@ -141,6 +141,21 @@ def test_a_terminated_episode_counts_its_terminal_value_as_zero_even_if_nan():
     assert mask.tolist() == [[True, True, False]]
 
 
+@pytest.mark.parametrize("values_of", ["record", "next"])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_discount_zero_gives_the_rewards_whatever_the_bootstrap_values_hold(values_of, bad):
+    """With discount 0 a target is its first reward: an infinite or NaN bootstrap value,
+    weighted by 0**m, never reaches it (old: 0 * inf made the target NaN)."""
+    buffer = _buffer(([1.0, 2.0, 4.0, 0.0], False))
+    batch = buffer.gather_windows([0], [0], Window(3, bootstrap=1))
+    values = torch.full((1, 4), bad)
+    targets, mask = n_step_returns(
+        batch, batch["reward"], values, n=2, discount=0.0, values_of=values_of
+    )
+    assert mask[0, :3].all()
+    assert targets[0, :3].tolist() == [1.0, 2.0, 4.0]
+
+
 def test_include_reset_records_of_the_next_episode_never_enter_a_return():
     """A window running from episode 0 into episode 1 (include_reset) stops at episode 0's
     final record: episode 1's rewards and values, here NaN, are never read."""
