@@ -72,6 +72,38 @@ def _numpy_kind(dtype: torch.dtype) -> np.dtype[Any]:
     return np.dtype(str(dtype).removeprefix("torch."))
 
 
+def _check_cast(name: str, values: torch.Tensor, target: torch.dtype) -> None:
+    """Refuse ``values`` that the cast to ``target`` would wrap or overflow (see `check_casts`)."""
+    if values.dtype == torch.bool or target == torch.bool:
+        return  # bool casts only to and from where every value is kept
+    if not (target.is_floating_point or target.is_complex):  # integer target: range check
+        info = torch.iinfo(target)
+        low, high = _extremes(values)
+        if low < info.min or high > info.max:
+            got = low if low < info.min else high
+            raise must(f"steps[{name!r}]", f"in [{info.min}, {info.max}] to cast to {target}", got)
+        return
+    largest = torch.finfo(target).max  # of the real parts, for a complex target
+    parts = torch.view_as_real(values) if values.is_complex() else values
+    magnitudes = parts.abs() if parts.is_floating_point() else parts.abs().double()
+    finite = torch.where(torch.isfinite(magnitudes), magnitudes, 0)
+    peak = float(finite.max())
+    if peak > largest:
+        raise must_have(
+            f"steps[{name!r}]",
+            f"finite values of magnitude <= {largest:g} to cast to {target}",
+            f"{peak:g}, which would become inf",
+        )
+
+
+def _extremes(values: torch.Tensor) -> tuple[int, int]:
+    """The smallest and largest of integer ``values``, as Python ints."""
+    if values.dtype in (torch.uint16, torch.uint32, torch.uint64):  # torch reduces none of them
+        array = values.detach().cpu().numpy()
+        return int(array.min()), int(array.max())
+    return int(values.min()), int(values.max())
+
+
 class Schema(Mapping[str, FieldSpec]):
     """Field name -> ``(per-step shape, dtype)``; immutable, compares equal to a plain dict.
 
@@ -209,6 +241,26 @@ class Schema(Mapping[str, FieldSpec]):
             if got_dtype != dtype and not (cast and casts_same_kind(got_dtype, dtype)):
                 rule = f"a dtype that casts to {dtype} (same kind)" if cast else f"dtype {dtype}"
                 raise SchemaDtypeError(f"field {name!r} must have {rule}, got {got_dtype}")
+
+    def check_casts(self, steps: Mapping[str, torch.Tensor]) -> None:
+        """Refuse ``steps`` whose cast to this schema's dtypes would change a value.
+
+        For the fields whose dtype differs from this schema's (a declared schema's
+        ``same_kind`` casts, checked by `check` first): an integer must lie in the range of
+        an integer dtype it narrows to, and a finite number must not exceed the largest
+        finite value of a floating or complex dtype (it would become ``inf``). Rounding to
+        the nearer representable value (float64 to float32, large ints to float) is a cast,
+        not a change; NaN and infinities stay what they are. O(T) per cast field.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming the field, the declared dtype's range and the first value outside it.
+        """
+        for name, values in steps.items():
+            target = self._fields[name][1]
+            if values.dtype != target:
+                _check_cast(name, values, target)
 
     def check_values(self, name: Any, values: Any, leading: tuple[int, ...]) -> None:
         """Refuse ``values`` for field ``name`` unless a tensor of ``[*leading, *shape]``.

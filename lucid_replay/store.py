@@ -80,6 +80,8 @@ class EpisodeStore:
             episode.schema.check_storable()
             return episode.schema
         schema.check(episode.schema, cast=self.declared)
+        if self.declared and episode.schema != schema:
+            schema.check_casts(episode.steps)  # a cast must not change a value
         return schema
 
     def add(self, episode: Episode, schema: Schema, priority: float) -> int:

@@ -97,6 +97,72 @@ def test_casts_beyond_same_kind_shapes_and_fields_are_refused(episode, error, ma
     assert_refused(buffer, lambda: buffer.add(episode), error, match)
 
 
+NARROW = {
+    "small": ((), torch.int8),
+    "unsigned": ((), torch.uint8),
+    "half": ((), torch.float16),
+    "single": ((), torch.float32),
+    "pair": ((), torch.complex64),
+}
+
+
+def _narrowing(**values: list) -> Episode:
+    steps = {
+        "small": torch.tensor([1, -2]),
+        "unsigned": torch.tensor([0, 255], dtype=torch.uint16),
+        "half": torch.tensor([1.5, -65504.0], dtype=torch.float64),
+        "single": torch.tensor([1.0, 3.0e38], dtype=torch.float64),
+        "pair": torch.tensor([1 + 1j, -3.0e38j], dtype=torch.complex128),
+    }
+    for name, given in values.items():
+        steps[name] = torch.tensor(given, dtype=steps[name].dtype)
+    return Episode(steps)
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        ({"small": [300, 1]}, r"steps\['small'\] must be in \[-128, 127\] .*int8, got 300"),
+        ({"small": [1, -129]}, r"steps\['small'\] must be in \[-128, 127\] .*got -129"),
+        ({"unsigned": [3, 256]}, r"steps\['unsigned'\] must be in \[0, 255\] .*got 256"),
+        ({"half": [1e6, 0.0]}, r"steps\['half'\] must be finite values of magnitude <= 65504"),
+        ({"half": [0.0, -70000.0]}, r"steps\['half'\] .*got 70000, which would become inf"),
+        ({"single": [1e39, 0.0]}, r"steps\['single'\] .*float32, got 1e\+39"),
+        ({"pair": [1e39j, 0]}, r"steps\['pair'\] .*complex64, got 1e\+39"),
+    ],
+    ids=[
+        "int8-high",
+        "int8-low",
+        "uint16-to-uint8",
+        "half",
+        "half-int",
+        "single",
+        "complex",
+    ],
+)
+def test_a_declared_cast_that_would_change_a_value_is_refused(values, match):
+    """Narrowing casts keep every value or are refused, naming the field and the value: an
+    integer out of the declared dtype's range (old: wrapped, 300 -> 44) or a finite number
+    beyond its largest finite value (old: became inf); nothing is stored."""
+    buffer = SequenceReplay(capacity=50, schema=NARROW, seed=0)
+    buffer.add(_narrowing())
+    assert_refused(buffer, lambda: buffer.add(_narrowing(**values)), ValueError, match)
+    assert_refused(
+        buffer, lambda: buffer.extend([_narrowing(), _narrowing(**values)]), ValueError, match
+    )
+
+
+def test_declared_casts_keep_values_that_fit_and_non_finite_ones():
+    """Values inside the declared dtype's range cast as numpy would (floats rounded); NaN
+    and infinities stay what they are."""
+    buffer = SequenceReplay(capacity=50, schema=NARROW, seed=0)
+    stored = buffer[buffer.add(_narrowing(half=[float("inf"), float("nan")]))]
+    assert stored["small"].tolist() == [1, -2] and stored["unsigned"].tolist() == [0, 255]
+    assert stored["half"][0].item() == float("inf") and stored["half"][1].isnan()
+    assert stored["single"].tolist() == torch.tensor([1.0, 3.0e38]).tolist()
+    assert stored["pair"].dtype == torch.complex64
+
+
 @pytest.mark.parametrize(
     "schema, error, match",
     [
