@@ -1,4 +1,4 @@
-"""Batches: the values a draw returns (`lucid_replay.gather` assembles them).
+"""Batches: the values a draw returns (`lucid_replay.batching` fills them).
 
 Every tensor of a returned batch owns its memory: writing into one changes neither storage
 nor any other batch (unless the caller passes it back as ``out=`` to be overwritten). A
@@ -21,6 +21,9 @@ __all__ = ["Batch", "PrioritizedBatch", "WindowBatch"]
 
 _DeviceLike = torch.device | str
 _Moved = TypeVar("_Moved", bound="attrs.AttrsInstance")
+_PER_RECORD = "lucid_replay.per_record"  # field metadata: the dtype of a [B, W] entry
+_BOOLS = {_PER_RECORD: torch.bool}
+_LONGS = {_PER_RECORD: torch.int64}
 
 
 def record_positions(batch: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -114,14 +117,19 @@ class PrioritizedBatch(Batch):
     ----------
     indices
         int64 ``[B]``: the episode ids, to pass to
-        `PrioritizedSequenceReplay.update_priorities`.
+        `PrioritizedSequenceReplay.update_priorities` (the `episode_ids` tensor itself,
+        under the name prioritized replay gives it).
     weights
         float32 ``[B]``: importance-sampling weights, largest 1 (see
         `PrioritizedSequenceReplay`).
     """
 
-    indices: torch.Tensor
     weights: torch.Tensor
+
+    @property
+    def indices(self) -> torch.Tensor:
+        """int64 ``[B]``: the episode ids (`episode_ids`), for `update_priorities`."""
+        return self.episode_ids
 
     def _per_row(self) -> dict[str, torch.Tensor]:
         rows = super()._per_row()
@@ -152,13 +160,13 @@ class WindowBatch:
     """
 
     data: Mapping[str, torch.Tensor]
-    learning_mask: torch.Tensor
-    validity_mask: torch.Tensor
-    is_init: torch.Tensor
-    terminal: torch.Tensor
-    record_episode_ids: torch.Tensor
-    record_steps: torch.Tensor
-    step_in_sequence: torch.Tensor
+    learning_mask: torch.Tensor = attrs.field(metadata=_BOOLS)
+    validity_mask: torch.Tensor = attrs.field(metadata=_BOOLS)
+    is_init: torch.Tensor = attrs.field(metadata=_BOOLS)
+    terminal: torch.Tensor = attrs.field(metadata=_BOOLS)
+    record_episode_ids: torch.Tensor = attrs.field(metadata=_LONGS)
+    record_steps: torch.Tensor = attrs.field(metadata=_LONGS)
+    step_in_sequence: torch.Tensor = attrs.field(metadata=_LONGS)
     episode_ids: torch.Tensor
     anchor_steps: torch.Tensor
     weights: torch.Tensor | None
@@ -212,13 +220,15 @@ class WindowBatch:
         return batch_tensordict(self.data, per_record, per_row, shape, self.episode_ids.device)
 
     def _per_record(self) -> dict[str, torch.Tensor]:
-        """The per-record entries ``[B, W]`` by attribute name (see `RESERVED_NAMES`)."""
-        return {
-            "learning_mask": self.learning_mask,
-            "validity_mask": self.validity_mask,
-            "is_init": self.is_init,
-            "terminal": self.terminal,
-            "record_episode_ids": self.record_episode_ids,
-            "record_steps": self.record_steps,
-            "step_in_sequence": self.step_in_sequence,
-        }
+        """The per-record entries ``[B, W]`` by attribute name (`PER_RECORD`)."""
+        return {name: getattr(self, name) for name in PER_RECORD}
+
+
+# The per-record entries of a `WindowBatch` (name -> dtype of its [B, W] tensor), in field
+# order: what `flat` and `to_tensordict` add beside the data, what a batch allocates and
+# what no stored field may be named (`lucid_replay.schema`).
+PER_RECORD: dict[str, torch.dtype] = {
+    field.name: field.metadata[_PER_RECORD]
+    for field in attrs.fields(WindowBatch)
+    if _PER_RECORD in field.metadata
+}

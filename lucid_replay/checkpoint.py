@@ -31,8 +31,8 @@ import attrs
 import torch
 
 from lucid_replay.errors import CheckpointError
+from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
-from lucid_replay.storage import TransitionRing
 from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module

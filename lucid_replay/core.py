@@ -3,12 +3,12 @@
 The public buffers (`lucid_replay.replay`, `lucid_replay.prioritized`) check every argument,
 take their lock, and call one method here. Each method reads as the data path it runs::
 
+    batch = batcher.reserve(...)  # memory first (see batching.new_batch)
     anchors = draw(...)  # sampling: which anchors
-    records = expand(table, anchors, ...)  # window: what each expands to
-    batch = window_batch(...)  # batch: gathered onto the target device
+    records = expand(table, anchors, window, into=...)  # window: what each expands to
+    batcher.fill_windows(batch, ring, table, anchors, records, window)  # the gather
 
-Shards of a distributed replay call the same methods (`log_mass`, `draw`, `assemble`), so a
-sharded draw runs exactly this code in every shard.
+Shards of a distributed replay draw through `draw_round`, which runs the same stages.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from typing import Any
 
 import torch
 
-from lucid_replay import arrays, checkpoint
+from lucid_replay import checkpoint, engine
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
-from lucid_replay.blocks import Blocks
+from lucid_replay.batching import Batcher
+from lucid_replay.engine import Array
 from lucid_replay.episode import Episode
-from lucid_replay.gather import chunk_batch, new_batch, record_arrays, window_batch
 from lucid_replay.priorities import Priorities
-from lucid_replay.sampling import Anchors, AnchorSampler
+from lucid_replay.records import Anchors
+from lucid_replay.sampling import AnchorSampler
 from lucid_replay.schema import Schema
 from lucid_replay.store import EpisodeStore
 from lucid_replay.window import Window, expand
@@ -59,11 +60,11 @@ class ReplayCore:
     ) -> None:
         self.store = EpisodeStore(capacity, device, reuse_limit, schema)
         self.sampler = AnchorSampler(self.store.table, unit, reuse_limit)
-        self.store.on_change = self.sampler.mark_dirty
+        self.store.on_change = self.sampler.trees.mark_dirty
         self.generator = generator
         self.priorities: Priorities | None = None
         self.chunks_sampled = 0
-        self.blocks = Blocks()  # the memory of returned batches, reused once unreferenced
+        self.batcher = Batcher()
 
     # ---------------------------------------------------------------------------- adding
     def add(self, episode: Episode, schema: Schema) -> int:
@@ -96,7 +97,7 @@ class ReplayCore:
 
     def log_mass(self, window: Window, *, prioritized: bool) -> float:
         """``log`` of the total mass a draw of ``window`` chooses from (``-inf``: none)."""
-        return self.sampler.log_mass(window.anchor_span, self.alpha(prioritized))
+        return self.sampler.trees.log_mass(window.anchor_span, self.alpha(prioritized))
 
     def chunks(
         self,
@@ -108,19 +109,12 @@ class ReplayCore:
         out: Batch | None = None,
     ) -> Batch:
         """Draw chunks of ``length`` steps onto ``target`` (into ``out``, if given)."""
-        if out is None and self.store.schema is not None:  # the batch first: see new_batch
-            kind = Batch if self.alpha(prioritized) is None else PrioritizedBatch
-            out = new_batch(
-                kind,
-                (batch_size, length),
-                self.store.schema,
-                target,
-                weights=kind is PrioritizedBatch,
-                blocks=self.blocks,
-            )
+        kind = Batch if self.alpha(prioritized) is None else PrioritizedBatch
+        shape, weights = (batch_size, length), kind is PrioritizedBatch
+        out = self.batcher.reserve(kind, shape, self.store.schema, target, weights=weights, out=out)
         anchors = self.draw(batch_size, Window(length), prioritized=prioritized)
         assert out is not None  # the draw refused an empty buffer (no schema yet)
-        batch = chunk_batch(self.store.ring, self.store.table, anchors, length, target, out)
+        batch = self.batcher.fill_chunks(out, self.store.ring, self.store.table, anchors, length)
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
         return batch
 
@@ -134,12 +128,7 @@ class ReplayCore:
         out: WindowBatch | None = None,
     ) -> WindowBatch:
         """Draw anchors and expand each into ``window`` onto ``target`` (or into ``out``)."""
-        if out is None and self.store.schema is not None:  # the batch first: see new_batch
-            shape = (batch_size, window.size)
-            weights = self.alpha(prioritized) is not None
-            out = new_batch(
-                WindowBatch, shape, self.store.schema, target, weights=weights, blocks=self.blocks
-            )
+        out = self._reserve(batch_size, window, target, self.alpha(prioritized) is not None, out)
         anchors = self.draw(batch_size, window, prioritized=prioritized)  # sampling
         batch = self.assemble(anchors, window, target, out)  # window, then batch
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
@@ -153,25 +142,61 @@ class ReplayCore:
         out: WindowBatch | None = None,
     ) -> WindowBatch:
         """The `WindowBatch` of stored ``anchors`` expanded into ``window``, on ``target``."""
+        size = int(anchors.rows.shape[0])
+        out = self._reserve(size, window, target, anchors.weights is not None, out)
+        assert out is not None  # anchors are stored steps: there is a schema
         table = self.store.table
-        if out is None:
-            assert self.store.schema is not None  # anchors are stored steps
-            shape = (int(anchors.rows.shape[0]), window.size)
-            weights = anchors.weights is not None
-            out = new_batch(
-                WindowBatch, shape, self.store.schema, target, weights=weights, blocks=self.blocks
-            )
-        into = (
-            None
-            if window.boundary == "include_reset"
-            else record_arrays(out, table.device, self.blocks)
+        records = expand(table, anchors, window, into=self.batcher.record_arrays(out, table.device))
+        return self.batcher.fill_windows(out, self.store.ring, table, anchors, records, window)
+
+    def _reserve(
+        self,
+        batch_size: int,
+        window: Window,
+        target: torch.device,
+        weights: bool,
+        out: WindowBatch | None,
+    ) -> WindowBatch | None:
+        shape, schema = (batch_size, window.size), self.store.schema
+        return self.batcher.reserve(WindowBatch, shape, schema, target, weights=weights, out=out)
+
+    def draw_round(
+        self,
+        count: int,
+        window: Window,
+        target: torch.device,
+        *,
+        prioritized: bool,
+        chunks: bool,
+    ) -> tuple[Batch | WindowBatch, Array, torch.Tensor]:
+        """One round of a draw coordinated across several buffers (see `AnchorSampler.draw_round`).
+
+        ``count`` draws of ``window`` (or of chunks of ``window.length`` steps), the ones the
+        reuse limit refuses dropped without a redraw. Returns the batch of the kept draws
+        (no weights: the coordinator computes them over the merged batch), their priorities
+        (an `engine` array, ``None`` for a uniform draw) and which of the draws were kept
+        (bool ``[count]``, on the CPU). The caller checks that the mass is positive.
+        """
+        anchors, kept = self.sampler.draw_round(
+            count, window.anchor_span, alpha=self.alpha(prioritized), generator=self.generator
         )
-        records = expand(table, anchors, window, into)
-        return window_batch(self.store.ring, table, anchors, records, window, target, out)
+        drawn = int(anchors.steps.shape[0])
+        self.chunks_sampled += drawn
+        batch: Batch | WindowBatch
+        if chunks:
+            shape, schema = (drawn, window.length), self.store.schema
+            out = self.batcher.reserve(Batch, shape, schema, target, weights=False)
+            assert out is not None  # a positive mass means stored episodes
+            store = self.store
+            batch = self.batcher.fill_chunks(out, store.ring, store.table, anchors, window.length)
+        else:
+            batch = self.assemble(anchors, window, target)
+        self.store.reclaim_retired()
+        return batch, anchors.priorities, kept
 
     def num_eligible(self, window: Window) -> int:
         """Anchors (or episodes) a uniform draw of ``window`` chooses from now."""
-        return round(self.sampler.mass(window.anchor_span, None))
+        return round(self.sampler.trees.mass(window.anchor_span, None))
 
     # ------------------------------------------------------------------------ priorities
     def apply_priorities(self, ids: torch.Tensor, priorities: torch.Tensor) -> int:
@@ -181,12 +206,10 @@ class ReplayCore:
         """
         assert self.priorities is not None  # only prioritized buffers call this
         table = self.store.table
-        rows, applied, largest = table.assign_priorities(
-            arrays.engine(ids), arrays.engine(priorities)
-        )
+        rows, applied, largest = table.assign_priorities(engine.view(ids), engine.view(priorities))
         if applied:
             self.priorities.raise_max(largest)
-            self.sampler.mark_priorities_dirty(arrays.tensor(rows))
+            self.sampler.trees.mark_priorities_dirty(engine.tensor(rows))
         return applied
 
     def stored_priorities(self) -> torch.Tensor:

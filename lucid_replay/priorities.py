@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lucid_replay import arrays, kernels
-from lucid_replay.arrays import Array
+from lucid_replay import engine
 from lucid_replay.batch import WindowBatch
 from lucid_replay.checks import as_tensor, check_float
+from lucid_replay.engine import Array
 from lucid_replay.errors import CheckpointError, must, must_have, wrong_kind
 
 __all__: list[str] = []  # internal module
@@ -52,17 +52,17 @@ class Priorities:
 
         ``errors`` is float64 and finite (checked by the caller).
         """
-        engine = arrays.engine(errors)
+        values = engine.view(errors)
         with np.errstate(over="ignore"):  # an overflow to inf is refused just below
-            priorities = abs(engine) + self.epsilon
-        if not arrays.all_finite(priorities):
-            at = int(arrays.flat_nonzero(~(abs(priorities) < math.inf))[0])
+            priorities = abs(values) + self.epsilon
+        if not engine.all_finite(priorities):
+            at = int(engine.flat_nonzero(~(abs(priorities) < math.inf))[0])
             raise must(
                 f"errors[{at}]",
                 f"at most {_FLOAT64_MAX - self.epsilon:.6g} so that |error| + epsilon stays finite",
                 float(errors[at]),
             )
-        return arrays.tensor(priorities)
+        return engine.tensor(priorities)
 
     def raise_max(self, priority: float) -> None:
         """Raise the largest priority ever set to ``priority`` if it is larger."""
@@ -80,10 +80,10 @@ class Priorities:
 
         ``(N P_i)^-beta / max_j (N P_j)^-beta = (p_min / p_i)^(alpha beta)``: ``N`` and the
         normaliser cancel, and the ratio is at most 1, so the power never overflows. Of the
-        `arrays` engine of ``drawn``.
+        `engine` of ``drawn``.
         """
         ratio = drawn.min() / drawn
-        return arrays.cast(ratio ** (self.alpha * self.beta), torch.float32)
+        return engine.cast(ratio ** (self.alpha * self.beta), torch.float32)
 
     # ------------------------------------------------------------------- snapshots
     def config(self) -> dict[str, float]:
@@ -159,16 +159,15 @@ def window_priorities(
             raise must_have(
                 "mask", f"a bool tensor of shape {shape}", f"{mask.dtype} {tuple(mask.shape)}"
             )
-    valid = arrays.engine(validity_mask)
-    compiled = kernels.get() if isinstance(valid, np.ndarray) else None
-    if compiled is not None:  # the same arithmetic in one compiled pass
-        ids, mixed, finite = compiled["route"](
-            arrays.engine(learning_mask),
+    valid = engine.view(validity_mask)
+    if engine.compiled(valid):  # the same arithmetic in one compiled pass
+        ids, mixed, finite = route_loop(
+            engine.view(learning_mask),
             valid,
-            arrays.engine(record_episode_ids),
-            arrays.engine(episode_ids),
-            arrays.engine(values),
-            None if mask is None else arrays.engine(mask),
+            engine.view(record_episode_ids),
+            engine.view(episode_ids),
+            engine.view(values),
+            None if mask is None else engine.view(mask),
             eta,
         )
     else:
@@ -177,14 +176,110 @@ def window_priorities(
                 learning_mask, validity_mask, record_episode_ids, episode_ids, values, mask
             )
             mixed = eta * largest + (1 - eta) * (total / (count + (count == 0)))
-        finite = arrays.all_finite(mixed)
-        ids = arrays.engine(episode_ids)
+        finite = engine.all_finite(mixed)
+        ids = engine.view(episode_ids)
         if not bool(count.all()):  # windows without a counted record carry no signal
             ids, mixed = ids[count > 0], mixed[count > 0]
     # A NaN or inf on a counted record reaches the max and the sum; others were masked.
     if not finite:
         raise must_have("errors", "finite on valid learning records", "a NaN or infinite value")
-    return arrays.tensor(ids), arrays.tensor(mixed)
+    return engine.tensor(ids), engine.tensor(mixed)
+
+
+def _reduce_rows(
+    learning: torch.Tensor,
+    valid: torch.Tensor,
+    records: torch.Tensor,
+    anchor_ids: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> tuple[Array, Array, Array]:
+    """Per window: counted records, their largest |error| and the sum of their |errors|.
+
+    The sum is float64, in record order, so that every engine (and the compiled ``route``)
+    adds the same numbers in the same order. Arrays of the `engine`; a NaN or
+    infinite counted error makes its window's largest or sum non-finite.
+    """
+    # Torch for the [B, W] masks (its row reductions of a few dozen elements are ~5x faster
+    # than numpy's on CPU); the sum is a cumulative one, which adds in record order.
+    region = _shared_region(engine.view(learning))
+    if region is not None:  # only the learning columns can count: work on those alone
+        valid, records, values = valid[:, region], records[:, region], values[:, region]
+        counted = valid & (records == anchor_ids[:, None])
+        if mask is not None:
+            mask = mask[:, region]
+    else:
+        counted = valid & learning & (records == anchor_ids[:, None])
+    if mask is not None:
+        counted &= mask
+    magnitudes = torch.where(counted, values.abs(), 0.0)
+    count = engine.view(counted.sum(1))
+    largest = engine.cast(engine.view(magnitudes.amax(1)), torch.float64)
+    sums = engine.view(magnitudes.double())
+    if isinstance(sums, np.ndarray):
+        total = np.cumsum(sums, axis=1)[:, -1] if sums.shape[1] else sums.sum(1)
+    else:
+        total = sums.cumsum(1)[:, -1] if sums.shape[1] else sums.sum(1)
+    return count, largest, total
+
+
+def _shared_region(learning: Array) -> slice | None:
+    """The columns of the learning region, if every row has the same contiguous one.
+
+    What `sample_windows` returns (one `Window`): routing then reads ~60% of an R2D2
+    window's records. One comparison pass decides it, so a mask edited row by row is
+    still honoured.
+    """
+    if learning.shape[0] == 0:
+        return None
+    columns = engine.flat_nonzero(learning[0])
+    if columns.shape[0] == 0:
+        return None
+    first, last = int(columns[0]), int(columns[-1])
+    if last + 1 - first != columns.shape[0] or not bool((learning == learning[:1]).all()):
+        return None
+    return slice(first, last + 1)
+
+
+@engine.jit
+def route_loop(
+    learning: np.ndarray,
+    valid: np.ndarray,
+    record_ids: np.ndarray,
+    anchor_ids: np.ndarray,
+    errors: np.ndarray,
+    mask: Any,
+    eta: float,
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """`window_priorities` after its checks, compiled: ``(ids, mixed, finite)``.
+
+    Per window, over the records that are in the learning region, valid, of the anchor's
+    episode and in ``mask`` (None: all): ``eta * max |error| + (1 - eta) * mean |error|``,
+    the float64 sum taken in record order (as `_reduce_rows`). The windows without such a
+    record are left out of ``ids`` (their anchors' episode ids) and ``mixed``. ``finite``:
+    no mix is NaN or infinite (a counted error was, or their sum overflowed).
+    """
+    rows = valid.shape[0]
+    ids = np.empty(rows, dtype=np.int64)
+    mixed = np.empty(rows, dtype=np.float64)
+    kept, finite = 0, True
+    for b in range(rows):
+        anchor, counted, most, added = anchor_ids[b], 0, 0.0, 0.0
+        for k in range(valid.shape[1]):
+            if not (learning[b, k] and valid[b, k] and record_ids[b, k] == anchor):
+                continue
+            if mask is not None and not mask[b, k]:
+                continue
+            magnitude = np.float64(abs(errors[b, k]))
+            counted += 1
+            most = max(most, magnitude)
+            added += magnitude
+        if counted:
+            value = eta * most + (1.0 - eta) * (added / counted)
+            finite &= np.isfinite(value)
+            ids[kept], mixed[kept] = anchor, value
+            kept += 1
+    return ids[:kept], mixed[:kept], finite
 
 
 def batch_errors(
@@ -219,58 +314,3 @@ def batch_errors(
         mask=mask,
     )
     return ids, mixed, True
-
-
-def _reduce_rows(
-    learning: torch.Tensor,
-    valid: torch.Tensor,
-    records: torch.Tensor,
-    anchor_ids: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor | None,
-) -> tuple[Array, Array, Array]:
-    """Per window: counted records, their largest |error| and the sum of their |errors|.
-
-    The sum is float64, in record order, so that every engine (and the compiled ``route``)
-    adds the same numbers in the same order. Arrays of the `arrays` engine; a NaN or
-    infinite counted error makes its window's largest or sum non-finite.
-    """
-    # Torch for the [B, W] masks (its row reductions of a few dozen elements are ~5x faster
-    # than numpy's on CPU); the sum is a cumulative one, which adds in record order.
-    region = _shared_region(arrays.engine(learning))
-    if region is not None:  # only the learning columns can count: work on those alone
-        valid, records, values = valid[:, region], records[:, region], values[:, region]
-        counted = valid & (records == anchor_ids[:, None])
-        if mask is not None:
-            mask = mask[:, region]
-    else:
-        counted = valid & learning & (records == anchor_ids[:, None])
-    if mask is not None:
-        counted &= mask
-    magnitudes = torch.where(counted, values.abs(), 0.0)
-    count = arrays.engine(counted.sum(1))
-    largest = arrays.cast(arrays.engine(magnitudes.amax(1)), torch.float64)
-    sums = arrays.engine(magnitudes.double())
-    if isinstance(sums, np.ndarray):
-        total = np.cumsum(sums, axis=1)[:, -1] if sums.shape[1] else sums.sum(1)
-    else:
-        total = sums.cumsum(1)[:, -1] if sums.shape[1] else sums.sum(1)
-    return count, largest, total
-
-
-def _shared_region(learning: Array) -> slice | None:
-    """The columns of the learning region, if every row has the same contiguous one.
-
-    What `sample_windows` returns (one `Window`): routing then reads ~60% of an R2D2
-    window's records. One comparison pass decides it, so a mask edited row by row is
-    still honoured.
-    """
-    if learning.shape[0] == 0:
-        return None
-    columns = arrays.flat_nonzero(learning[0])
-    if columns.shape[0] == 0:
-        return None
-    first, last = int(columns[0]), int(columns[-1])
-    if last + 1 - first != columns.shape[0] or not bool((learning == learning[:1]).all()):
-        return None
-    return slice(first, last + 1)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from lucid_replay import arrays
+from lucid_replay import engine
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
 from lucid_replay.checks import as_vector, check_float
 from lucid_replay.errors import must
@@ -189,10 +189,10 @@ class PrioritizedSequenceReplay(SequenceReplay):
 
     def _check_issued(self, ids: torch.Tensor, param: str = "indices") -> None:
         next_id = self._core.store.table.next_id
-        values = arrays.engine(ids)
+        values = engine.view(ids)
         issued = (values >= 0) & (values < next_id)
         if not bool(issued.all()):
-            at = int(arrays.flat_nonzero(~issued)[0])
+            at = int(engine.flat_nonzero(~issued)[0])
             ids_so_far = f"0 .. {next_id - 1}" if next_id else "none issued yet"
             raise must(f"{param}[{at}]", f"an issued episode id ({ids_so_far})", int(ids[at]))
 

@@ -21,7 +21,6 @@ from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
 from lucid_replay.errors import must, wrong_type
-from lucid_replay.gather import check_out
 from lucid_replay.prefetch import Prefetcher, recycling
 from lucid_replay.schema import Schema
 from lucid_replay.window import MAX_RECORDS, Window, check_window
@@ -256,7 +255,8 @@ class SequenceReplay:
             if out is not None:
                 kind = PrioritizedBatch if prioritized else Batch
                 schema = self._core.store.schema
-                check_out(out, kind, (batch_size, length), schema, target, weights=prioritized)
+                shape = (batch_size, length)
+                self._core.batcher.check_out(out, kind, shape, schema, target, weights=prioritized)
             return self._core.chunks(batch_size, length, target, prioritized=prioritized, out=out)
 
     def sample_windows(
@@ -284,7 +284,8 @@ class SequenceReplay:
         with self._lock:
             if out is not None:
                 shape, schema = (batch_size, window.size), self._core.store.schema
-                check_out(out, WindowBatch, shape, schema, target, weights=use_priorities)
+                batcher = self._core.batcher
+                batcher.check_out(out, WindowBatch, shape, schema, target, weights=use_priorities)
             return self._core.windows(
                 batch_size, window, target, prioritized=use_priorities, out=out
             )
@@ -407,7 +408,10 @@ class SequenceReplay:
         transition.
         """
         with self._lock:
-            return {**self._core.store.memory(), "tree_bytes": self._core.sampler.tree_bytes()}
+            return {
+                **self._core.store.memory(),
+                "tree_bytes": self._core.sampler.trees.tree_bytes(),
+            }
 
     def reseed(self, seed: int | torch.Generator | None = None) -> None:
         """Restart the random stream: from ``seed`` (as the constructor's), or the OS.

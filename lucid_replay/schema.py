@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lucid_replay.batch import PER_RECORD
 from lucid_replay.errors import SchemaDtypeError, SchemaError, must, must_have
 
 __all__: list[str] = []  # internal module
@@ -42,18 +43,10 @@ _SUGGESTED = {
     torch.uint64: torch.int64,
 }
 
-# Names a window batch gives its per-record entries in `WindowBatch.flat` and `to_tensordict`;
-# a stored field of the same name would be shadowed there, so none may take one.
-RESERVED_NAMES = (
-    "is_init",
-    "learning_mask",
-    "record_episode_ids",
-    "record_steps",
-    "sequence_id",
-    "step_in_sequence",
-    "terminal",
-    "validity_mask",
-)
+# Names a window batch gives its per-record entries in `WindowBatch.flat` and `to_tensordict`
+# (and the window index those add); a stored field of the same name would be shadowed there,
+# so none may take one.
+RESERVED_NAMES = tuple(sorted([*PER_RECORD, "sequence_id"]))
 
 _DTYPES_BY_NAME = {str(dtype): dtype for dtype in SUPPORTED_DTYPES}
 

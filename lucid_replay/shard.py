@@ -21,11 +21,10 @@ from typing import Any
 
 import torch
 
-from lucid_replay import arrays
+from lucid_replay import engine
 from lucid_replay.batch import Batch, WindowBatch
 from lucid_replay.checks import as_vector
 from lucid_replay.errors import must
-from lucid_replay.gather import chunk_batch, new_batch
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.window import Window
 
@@ -87,26 +86,10 @@ class ShardHooks:
         buffer = self.buffer
         target = buffer._batch_device(device)
         with buffer._lock:
-            core = buffer._core
-            anchors, kept = core.sampler.draw_round(
-                count,
-                window.anchor_span,
-                alpha=core.alpha(prioritized),
-                generator=core.generator,
+            batch, drawn, kept = buffer._core.draw_round(
+                count, window, target, prioritized=prioritized, chunks=chunks
             )
-            core.chunks_sampled += int(anchors.steps.shape[0])
-            store = core.store
-            if chunks:
-                assert store.schema is not None  # a positive mass means stored episodes
-                shape = (int(anchors.rows.shape[0]), window.length)
-                out = new_batch(Batch, shape, store.schema, target, weights=False)
-                batch: Batch | WindowBatch = chunk_batch(
-                    store.ring, store.table, anchors, window.length, target, out
-                )
-            else:
-                batch = core.assemble(anchors, window, target)
-            store.reclaim_retired()
-        priorities = None if anchors.priorities is None else arrays.tensor(anchors.priorities)
+        priorities = None if drawn is None else engine.tensor(drawn)
         return batch, priorities, kept
 
     def update(self, ids: Any, errors: Any) -> tuple[int, float | None]:

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lucid_replay import arrays
+from lucid_replay import engine
 from lucid_replay.checks import as_vector
-from lucid_replay.episode import Episode
+from lucid_replay.episode import Episode, host_views
 from lucid_replay.errors import UnknownEpisodeError, must
-from lucid_replay.sampling import Anchors
+from lucid_replay.records import Anchors
+from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
-from lucid_replay.storage import TransitionRing
 from lucid_replay.table import EpisodeTable
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class EpisodeStore:
             self.evict(to_evict)
             self.reclaim_retired()  # a retired episode may have just become the oldest
         # Data first: if the copy fails, no table row claims the slots it was writing.
-        self.ring.write(table.next_offset, episode.steps, episode._host_steps)
+        self.ring.write(table.next_offset, episode.steps, host_views(episode))
         episode_id, row, _ = table.append(length, episode.terminated, priority)
         self.on_change(row)
         self.counts["episodes_added"] += 1
@@ -193,7 +193,7 @@ class EpisodeStore:
                 int(steps[at]),
             )
         rows = table.rows_of(ids)
-        return Anchors(arrays.engine(rows), arrays.engine(ids), arrays.engine(steps))
+        return Anchors(engine.view(rows), engine.view(ids), engine.view(steps))
 
     def write_records(
         self,
@@ -214,7 +214,8 @@ class EpisodeStore:
         device, table = self.table.device, self.table
         ids, steps = ids.to(device), steps.to(device)
         write = mask.to(device) & table.is_stored(ids)
-        offsets = table.start[table.rows_of(ids[write])] + steps[write]
+        rows, kept_steps = engine.view(table.rows_of(ids[write])), engine.view(steps[write])
+        offsets = engine.tensor(table.offsets(rows, kept_steps))
         # Stored data is never part of an autograd graph (states from a forward pass).
         self.ring.scatter(name, offsets, values.detach().to(device)[write], table.oldest_offset)
         return int(write.sum())

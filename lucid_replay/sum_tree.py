@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lucid_replay import arrays, kernels
-from lucid_replay.arrays import Array
+from lucid_replay import engine
+from lucid_replay.engine import Array
 
 __all__: list[str] = []  # internal module
 
@@ -54,17 +54,6 @@ def leaves(tree: torch.Tensor) -> torch.Tensor:
     return tree[leaf_count(tree) :]
 
 
-def set_leaves(tree: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
-    """Set leaves ``indices`` to ``values`` in place and refresh their ancestors.
-
-    Indices may come in any order; duplicates reduce with ``max``. Cost O(k log n) for k
-    indices.
-    """
-    count = leaf_count(tree)
-    arrays.assign_max(tree[count:], indices, values.to(tree.dtype))
-    refresh(tree, indices)
-
-
 def assign_leaves(tree: torch.Tensor, indices: Array, values: Array) -> None:
     """Set leaves ``indices`` to ``values`` (no checks) and recompute their ancestors.
 
@@ -72,8 +61,8 @@ def assign_leaves(tree: torch.Tensor, indices: Array, values: Array) -> None:
     must come with the same value each time.
     """
     count = leaf_count(tree)
-    leaf_values = arrays.engine(tree)[count:]
-    leaf_values[indices] = arrays.cast(values, torch.float64)
+    leaf_values = engine.view(tree)[count:]
+    leaf_values[indices] = engine.cast(values, torch.float64)
     refresh(tree, indices)
 
 
@@ -84,13 +73,12 @@ def refresh(tree: torch.Tensor, indices: Array) -> None:
     error accumulates and the result is bitwise that of `build`. 5 ops per level.
     """
     count = leaf_count(tree)
-    nodes = arrays.engine(arrays.tensor(indices)) + count
-    engine = arrays.engine(tree)
-    compiled = kernels.get() if isinstance(engine, np.ndarray) else None
-    if compiled is not None:
-        compiled["refresh"](engine, arrays.cast(nodes, torch.int64), count.bit_length() - 1)
+    nodes = engine.view(engine.tensor(indices)) + count
+    array = engine.view(tree)
+    if engine.compiled(array):
+        refresh_loop(array, engine.cast(nodes, torch.int64), count.bit_length() - 1)
     else:
-        _refresh_ancestors(engine, nodes, count.bit_length() - 1)
+        _refresh_ancestors(array, nodes, count.bit_length() - 1)
 
 
 def _refresh_ancestors(tree: Array, nodes: Array, levels: int) -> None:
@@ -100,6 +88,21 @@ def _refresh_ancestors(tree: Array, nodes: Array, levels: int) -> None:
     for _ in range(levels):
         nodes = nodes >> 1
         tree[nodes] = left[nodes] + right[nodes]  # duplicate parents write the same value
+
+
+@engine.jit
+def refresh_loop(tree: np.ndarray, leaves: np.ndarray, levels: int) -> None:
+    """`_refresh_ancestors`, compiled: the ancestors of tree nodes ``leaves``, in turn."""
+    for i in range(leaves.shape[0]):
+        recompute_ancestors(tree, leaves[i], levels)
+
+
+@engine.jit
+def recompute_ancestors(tree: np.ndarray, node: int, levels: int) -> None:
+    """Recompute the ``levels`` ancestors of tree ``node`` from their children (compiled)."""
+    for _ in range(levels):
+        node >>= 1
+        tree[node] = tree[2 * node] + tree[2 * node + 1]
 
 
 def search(tree: torch.Tensor, targets: Array) -> Array:
@@ -118,14 +121,12 @@ def search(tree: torch.Tensor, targets: Array) -> Array:
     targets are searched again with `_guarded_search`, which never enters an empty subtree.
     """
     count = leaf_count(tree)
-    nodes = arrays.engine(tree)
-    wanted = arrays.cast(arrays.engine(arrays.tensor(targets)), torch.float64)
-    compiled = kernels.get() if isinstance(wanted, np.ndarray) else None
-    if compiled is not None:  # the guarded descent, compiled: bitwise the same leaves
+    nodes = engine.view(tree)
+    wanted = engine.cast(engine.view(engine.tensor(targets)), torch.float64)
+    if engine.compiled(wanted):  # the guarded descent, compiled: bitwise the same leaves
         flat = np.ascontiguousarray(wanted).reshape(-1)
-        found_leaves = compiled["descend"](nodes, flat, count.bit_length() - 1)
-        found_leaves = found_leaves.reshape(wanted.shape)
-        return found_leaves if isinstance(targets, np.ndarray) else arrays.tensor(found_leaves)
+        found_leaves = descend_loop(nodes, flat, count.bit_length() - 1).reshape(wanted.shape)
+        return found_leaves if isinstance(targets, np.ndarray) else engine.tensor(found_leaves)
     root: Array
     if isinstance(wanted, np.ndarray):
         root = np.ones(wanted.shape, dtype=np.int64)
@@ -134,10 +135,10 @@ def search(tree: torch.Tensor, targets: Array) -> Array:
     node = _descend(nodes, root, wanted, count.bit_length() - 1)
     empty = nodes[node] <= 0
     if bool(empty.any()):
-        again = _guarded_search(tree, arrays.tensor(wanted[empty]))
-        node[empty] = arrays.engine(again) + count
+        again = _guarded_search(tree, engine.tensor(wanted[empty]))
+        node[empty] = engine.view(again) + count
     found = node - count
-    return found if isinstance(targets, np.ndarray) else arrays.tensor(found)
+    return found if isinstance(targets, np.ndarray) else engine.tensor(found)
 
 
 def _descend(tree: Array, node: Array, remaining: Array, levels: int) -> Array:
@@ -149,6 +150,29 @@ def _descend(tree: Array, node: Array, remaining: Array, levels: int) -> Array:
         remaining = remaining - left * go_right
         node = node + node + go_right
     return node
+
+
+@engine.jit
+def descend_loop(tree: np.ndarray, targets: np.ndarray, levels: int) -> np.ndarray:
+    """`search`'s descent, compiled, never entering a subtree of zero mass.
+
+    Level by level for all targets at once: the reads of one level are independent, so a
+    tree that a learner's step evicted from the caches is read with many misses in flight
+    rather than one chain of misses per target.
+    """
+    count = 1 << levels
+    nodes = np.ones(targets.shape[0], dtype=np.int64)
+    remaining = targets.copy()
+    for _ in range(levels):
+        for i in range(targets.shape[0]):
+            node = nodes[i]
+            left = tree[2 * node]
+            if remaining[i] >= left and tree[2 * node + 1] > 0:
+                remaining[i] = remaining[i] - left
+                nodes[i] = 2 * node + 1
+            else:
+                nodes[i] = 2 * node
+    return nodes - count
 
 
 def _guarded_search(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -170,13 +194,13 @@ class CachedTree:
     """A tree kept as a cache: its nodes, its leaves' scale and the rows changed since.
 
     The rows noted (`note`) are recomputed by the tree's owner before its next use.
-    ``engine`` is the nodes' numpy view on CPU (the tensor itself elsewhere), ``levels``
+    ``array`` is the nodes' numpy view on CPU (the tensor itself elsewhere), ``levels``
     the tree's depth: what the compiled descent and refresh take.
     """
 
     def __init__(self, nodes: torch.Tensor, scale: float) -> None:
         self.nodes = nodes
-        self.engine = arrays.engine(nodes)  # the same memory, for the index arithmetic
+        self.array = engine.view(nodes)  # the same memory, for the index arithmetic
         self.levels = leaf_count(nodes).bit_length() - 1
         self.scale = scale
         self.pending: list[int | torch.Tensor] = []
@@ -185,7 +209,7 @@ class CachedTree:
 
     def total(self) -> float:
         """The sum of the leaves (a host synchronisation on a device)."""
-        return float(self.engine[1])
+        return float(self.array[1])
 
     def note(self, rows: int | torch.Tensor, row_count: int) -> None:
         """Note that the leaves of ``rows`` (of a table of ``row_count`` rows) changed."""
@@ -202,13 +226,13 @@ class CachedTree:
             self.stale, self.pending, self.pending_count = True, [], 0
 
     def take_pending(self, device: torch.device) -> Array:
-        """The pending rows, as `arrays` engine; clears them.
+        """The pending rows, as arrays of the `engine`; clears them.
 
         A row may repeat: its leaf is then recomputed twice, alike.
         """
-        parts = [arrays.engine(row).reshape(-1) for row in self.pending if not isinstance(row, int)]
+        parts = [engine.view(row).reshape(-1) for row in self.pending if not isinstance(row, int)]
         ints = [row for row in self.pending if isinstance(row, int)]
         if ints:
-            parts.append(arrays.from_ints(ints, device))
+            parts.append(engine.from_ints(ints, device))
         self.pending, self.pending_count = [], 0
-        return arrays.concatenate(parts)
+        return engine.concatenate(parts)

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from lucid_replay import arrays, kernels
-from lucid_replay.arrays import Array
+from lucid_replay import engine
+from lucid_replay.engine import Array
 from lucid_replay.errors import CheckpointError
 
 __all__: list[str] = []  # internal module
@@ -45,8 +45,8 @@ class EpisodeTable:
     Columns are tensors on the storage device: ``episode_id``, ``start`` (global offset of step
     0), ``length``, ``terminated``, ``times_sampled`` and ``priority``. ``start`` and ``length``
     have host mirrors (numpy; the same memory on CPU) for host-side bookkeeping without
-    device round trips. ``arrays`` holds the columns as the sampler computes on them (see
-    `lucid_replay.arrays`).
+    device round trips. ``arrays`` holds the columns as the index arithmetic computes on them
+    (see `lucid_replay.engine`).
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -95,9 +95,9 @@ class EpisodeTable:
         self.terminated = column(torch.bool, False)
         self.times_sampled = column(torch.int64, 0)
         self.priority = column(torch.float64, 1.0)
-        # The columns as the sampler's index arithmetic reads them (see `arrays`): numpy views
+        # The columns as the index arithmetic reads them (see `engine`): numpy views
         # of the same memory on CPU, where a scalar write also costs ~0.1 us instead of ~2 us.
-        self.arrays = {name: arrays.engine(column) for name, column in self.columns.items()}
+        self.arrays = {name: engine.view(column) for name, column in self.columns.items()}
         if self.device.type == "cpu":
             self.host_start, self.host_length = self.arrays["start"], self.arrays["length"]
         else:
@@ -114,6 +114,15 @@ class EpisodeTable:
             "times_sampled": self.times_sampled,
             "priority": self.priority,
         }
+
+    def offsets(self, rows: Array, steps: Array) -> Array:
+        """Global offsets of step ``steps`` of the episodes in table ``rows`` (broadcast).
+
+        The one place that turns ``(row, step)`` into an offset: ``start[row] + step``.
+        ``rows`` and ``steps`` are `engine` arrays (or ints); a step may lie outside its
+        episode (a window's target before clamping). O(n), no checks.
+        """
+        return self.arrays["start"][rows] + steps
 
     def rows_of(self, episode_ids: Array) -> Array:
         """Row of each stored id (meaningful only for ids in ``[first_id, next_id)``)."""
@@ -142,24 +151,14 @@ class EpisodeTable:
 
         A repeated id takes the largest of its values; ids that are not stored (evicted)
         are skipped, so they never touch the rows now reused. ``ids`` and ``values``
-        (float64, positive) are of the `arrays` engine. Returns the rows set (one per
+        (float64, positive) are `engine` arrays. Returns the rows set (one per
         stored id), how many distinct rows that is, and the largest value set. O(k).
         """
-        column = self.arrays["priority"]
-        compiled = kernels.get() if isinstance(column, np.ndarray) else None
-        if compiled is not None:  # one pass, no sort
-            rows, distinct, largest = compiled["assign_priorities"](
-                column, ids, values, self.first_id, self.next_id, self.row_count - 1
-            )
+        column, bounds = self.arrays["priority"], (self.first_id, self.next_id, self.row_count)
+        if engine.compiled(column):  # one pass, no sort
+            rows, distinct, largest = assign_priorities_loop(column, ids, values, *bounds)
             return rows, int(distinct), float(largest)
-        stored = self.is_stored(ids)
-        if not bool(stored.all()):
-            ids, values = ids[stored], values[stored]
-        if ids.shape[0] == 0:
-            return ids, 0, -math.inf
-        rows = self.rows_of(ids)
-        arrays.assign_max(column, rows, values)
-        return rows, arrays.count_distinct(rows), float(values.max())
+        return _assign_priorities(column, ids, values, *bounds)
 
     def stored_rows(self) -> torch.Tensor:
         """Rows of all stored episodes, oldest first (O(E); not for hot paths)."""
@@ -270,6 +269,56 @@ class EpisodeTable:
             low = torch.where(starts_here, middle, low)
             high = torch.where(starts_here, high, middle - 1)
         return low, offsets - self.start[low & mask]
+
+
+def _assign_priorities(
+    priority: Array, ids: Array, values: Array, first_id: int, next_id: int, row_count: int
+) -> tuple[Array, int, float]:
+    """`EpisodeTable.assign_priorities` on arrays (what `assign_priorities_loop` computes)."""
+    stored = (ids >= first_id) & (ids < next_id)
+    if not bool(stored.all()):
+        ids, values = ids[stored], values[stored]
+    if ids.shape[0] == 0:
+        return ids, 0, -math.inf
+    rows = ids & (row_count - 1)
+    engine.assign_max(priority, rows, values)
+    return rows, engine.count_distinct(rows), float(values.max())
+
+
+@engine.jit
+def assign_priorities_loop(
+    priority: np.ndarray,
+    ids: np.ndarray,
+    values: np.ndarray,
+    first_id: int,
+    next_id: int,
+    row_count: int,
+) -> tuple[np.ndarray, int, float]:
+    """`EpisodeTable.assign_priorities`, compiled: ``priority[row of id] = value``.
+
+    A repeated id takes the largest of its values; ids outside ``[first_id, next_id)`` are
+    skipped. Returns the rows set (one per stored id, in order), how many distinct rows
+    that is, and the largest value set (``-inf`` if none).
+    """
+    rows = np.empty(ids.shape[0], dtype=np.int64)
+    kept, row_mask = 0, row_count - 1
+    for i in range(ids.shape[0]):
+        if first_id <= ids[i] < next_id:
+            rows[kept] = ids[i] & row_mask
+            priority[rows[kept]] = -1.0  # priorities are positive: marks a row not set yet
+            kept += 1
+    distinct, largest, j = 0, -np.inf, 0
+    for i in range(ids.shape[0]):
+        if first_id <= ids[i] < next_id:
+            row, value = rows[j], values[i]
+            j += 1
+            if priority[row] < 0:
+                distinct += 1
+                priority[row] = value
+            elif value > priority[row]:
+                priority[row] = value
+            largest = max(largest, value)
+    return rows[:kept], distinct, largest
 
 
 def _restore_table(

@@ -16,11 +16,11 @@ import attrs
 import numpy as np
 import torch
 
-from lucid_replay import arrays, kernels
-from lucid_replay.arrays import Array
+from lucid_replay import engine
 from lucid_replay.checks import check_int
+from lucid_replay.engine import Array
 from lucid_replay.errors import must, wrong_type
-from lucid_replay.sampling import Anchors
+from lucid_replay.records import Anchors, RecordArrays, Records
 from lucid_replay.table import EpisodeTable
 
 __all__ = ["Window"]
@@ -145,54 +145,6 @@ def check_window(window: object) -> None:
         raise TypeError(f"window must be a Window, got {type(window).__name__}")
 
 
-@attrs.frozen(eq=False)
-class Records:
-    """Where each record of ``B`` windows of ``W`` records lands (all ``[B, W]``).
-
-    Record offsets (see `TransitionRing.slots`) are ``starts[b] + steps[b, k]`` within one
-    episode; ``include_reset`` windows, which cross episodes, carry them in ``offsets``.
-    ``clamped`` says whether any record is invalid (else the gather needs no repair). Arrays
-    of the `arrays` engine (numpy on CPU).
-    """
-
-    # [B]: where record 0 would be without clamping; record k then at + k * dilation
-    first_offsets: Array
-    episode_ids: Array
-    steps: Array
-    valid: Array
-    is_init: Array
-    terminal: Array
-    clamped: bool
-    starts: Array = None  # [B] offsets of the episodes' step 0 (one episode per window)
-    offsets: Array = None  # [B, W] (across episodes)
-    filled: bool = False  # written into `RecordArrays`, learning mask and record index too
-
-    def parts(self) -> tuple[Array, Array]:
-        """Record ``k`` of window ``b`` is at offset ``starts[b] + steps[b, k]``: the two.
-
-        Both on the `arrays` engine, ``[B]`` and ``[B, W]``.
-        """
-        if self.offsets is not None:
-            return self.offsets[:, 0] * 0, self.offsets
-        return self.starts, self.steps
-
-
-@attrs.frozen(eq=False)
-class RecordArrays:
-    """Destinations ``[B, W]`` (of the `arrays` engine) for `expand` to write records into.
-
-    ``learning`` and ``sequence`` receive the window's learning mask and record index.
-    """
-
-    steps: Array
-    valid: Array
-    is_init: Array
-    terminal: Array
-    episode_ids: Array
-    learning: Array
-    sequence: Array
-
-
 class Layout(NamedTuple):
     """Per-record constants of a window, ``[W]`` each."""
 
@@ -217,34 +169,25 @@ def expand(
 ) -> Records:
     """Expand ``anchors`` (stored episodes, their rows and steps) into records.
 
-    One vectorised computation for the whole batch; cost O(B W), plus O(n log E) for the n
-    records that ``include_reset`` sends into other episodes. Computed on the table's
-    `arrays` engine; with ``into`` (not for ``include_reset``), the ``[B, W]`` results are
-    written there instead of into new arrays.
+    The boundary policy of ``window`` (see `Window`) is applied here and only here. One
+    vectorised computation for the whole batch (or one compiled loop, `expand_loop`, on
+    CPU); cost O(B W), plus O(n log E) for the n records that ``include_reset`` sends into
+    other episodes. Computed on the table's `engine` engine. ``into``: destinations for the
+    ``[B, W]`` results (a batch's own per-record tensors), used unless the window crosses
+    episodes (``include_reset``), whose records are computed apart (`Records.filled` says
+    which happened).
     """
-    episode_ids = anchors.episode_ids
     column, where = table.arrays, anchors.rows
     last = column["length"][where] - 1
     anchor = anchors.steps
     if window.boundary == "stop":
         to_last_record = window.dilation * (window.length + window.bootstrap - 1)
         overrun = to_last_record - (last - anchor)
-        anchor = anchor - arrays.minimum(overrun * (overrun > 0), anchor)
-    starts = column["start"][where]
+        anchor = anchor - engine.minimum(overrun * (overrun > 0), anchor)
     if window.boundary == "include_reset":
-        cached = layout(window, table.device)
-        return _across_episodes(
-            table,
-            arrays.tensor(episode_ids),
-            arrays.tensor(starts).unsqueeze(1),
-            arrays.tensor(last).unsqueeze(1),
-            arrays.tensor(anchor).unsqueeze(1) + cached.step_offset,
-        )
-    compiled = kernels.get() if isinstance(anchor, np.ndarray) else None
-    if compiled is not None:
-        return _compiled_records(
-            compiled, column, where, anchor, last, starts, anchors, window, into
-        )
+        return _across_episodes(table, anchors, last, anchor, window)
+    if engine.compiled(anchor):
+        return _expanded_by_loop(table, anchors, anchor, last, window, into)
     cached = layout(window, table.device)
     # Record k targets step anchor + (k - burn_in) * dilation, which rises with k: a window's
     # valid records are one run, from the first with a target >= 0 (the only record that is
@@ -254,61 +197,59 @@ def expand(
     first_valid = first_valid * (first_valid > 0)
     at_last = (window.burn_in - (anchor - last) // window.dilation) * (last > 0)
     at_last = at_last + window.size * ~column["terminated"][where]  # never if not terminated
-    record, step_offset = arrays.engine(cached.record), arrays.engine(cached.step_offset)
+    record, step_offset = engine.view(cached.record), engine.view(cached.step_offset)
     shape = (int(anchor.shape[0]), window.size)
+    episode_ids = anchors.episode_ids
     if into is None:
         steps = anchor[:, None] + step_offset  # the target steps; clamped below where needed
-        valid = arrays.full(shape, True, torch.bool, steps)
-        is_init = arrays.full(shape, False, torch.bool, steps)
-        terminal = arrays.full(shape, False, torch.bool, steps)
-        record_ids = arrays.repeat_columns(episode_ids, window.size)
+        valid = engine.full(shape, True, torch.bool, steps)
+        is_init = engine.full(shape, False, torch.bool, steps)
+        terminal = engine.full(shape, False, torch.bool, steps)
+        record_ids = engine.repeat_columns(episode_ids, window.size)
     else:
         steps, valid, is_init, terminal = into.steps, into.valid, into.is_init, into.terminal
-        arrays.add_outer(anchor, step_offset, out=steps)
+        engine.add_outer(anchor, step_offset, out=steps)
         valid[...], is_init[...], terminal[...] = True, False, False
         record_ids = into.episode_ids
         record_ids[...] = episode_ids[:, None]
-        into.learning[...] = arrays.engine(cached.learning_mask)
+        into.learning[...] = engine.view(cached.learning_mask)
         into.sequence[...] = record
     first_step = anchor - window.burn_in * window.dilation  # record 0's target
     # Most windows lie inside their episode: only the rows of the others clamp and compare.
     out_of_episode = (first_step < 0) | (first_step + window.dilation * (window.size - 1) > last)
     clamped = bool(out_of_episode.any())
     if clamped:
-        rows = arrays.flat_nonzero(out_of_episode)
-        steps[rows] = arrays.clip_rows(steps[rows], 0, last[rows])
+        rows = engine.flat_nonzero(out_of_episode)
+        steps[rows] = engine.clip_rows(steps[rows], 0, last[rows])
         last_valid = window.burn_in + (last - anchor) // window.dilation  # its record index
         valid[rows] = (record >= first_valid[rows, None]) & (record <= last_valid[rows, None])
     # is_init: the first valid record only (one episode); terminal: a suffix of some rows.
-    is_init[arrays.arange(shape[0], steps), first_valid] = True
-    ending = arrays.flat_nonzero(at_last < window.size)
+    is_init[engine.arange(shape[0], steps), first_valid] = True
+    ending = engine.flat_nonzero(at_last < window.size)
     if ending.shape[0]:
         terminal[ending] = record >= at_last[ending, None]
     return Records(
-        first_offsets=starts + first_step,
+        first_offsets=table.offsets(where, first_step),
+        rows=engine.broadcast_columns(where, window.size),
         episode_ids=record_ids,
         steps=steps,
         valid=valid,
         is_init=is_init,
         terminal=terminal,
         clamped=clamped,
-        starts=starts,
         filled=into is not None,
     )
 
 
-def _compiled_records(
-    compiled: dict[str, Any],
-    column: dict[str, Array],
-    where: Array,
+def _expanded_by_loop(
+    table: EpisodeTable,
+    anchors: Anchors,
     anchor: Array,
     last: Array,
-    starts: Array,
-    anchors: Anchors,
     window: Window,
     into: RecordArrays | None,
 ) -> Records:
-    """`expand`'s one-episode windows by the compiled kernel (the same records)."""
+    """`expand`'s one-episode windows by `expand_loop` (the same records)."""
     shape = (int(anchor.shape[0]), window.size)
     filled = into is not None
     if into is None:
@@ -321,10 +262,11 @@ def _compiled_records(
             learning=np.empty(shape, dtype=np.bool_),
             sequence=np.empty(shape, dtype=np.int64),
         )
-    clamped = compiled["expand"](
+    where = anchors.rows
+    clamped = expand_loop(
         np.ascontiguousarray(anchor),
         np.ascontiguousarray(last),
-        np.ascontiguousarray(column["terminated"][where]),
+        np.ascontiguousarray(table.arrays["terminated"][where]),
         anchors.episode_ids,
         window.burn_in,
         window.length,
@@ -338,30 +280,73 @@ def _compiled_records(
         into.sequence,
     )
     return Records(
-        first_offsets=starts + anchor - window.burn_in * window.dilation,
+        first_offsets=table.offsets(where, anchor - window.burn_in * window.dilation),
+        rows=engine.broadcast_columns(where, window.size),
         episode_ids=into.episode_ids,
         steps=into.steps,
         valid=into.valid,
         is_init=into.is_init,
         terminal=into.terminal,
         clamped=bool(clamped),
-        starts=starts,
         filled=filled,
     )
 
 
+@engine.jit
+def expand_loop(
+    anchor: np.ndarray,
+    last: np.ndarray,
+    terminated: np.ndarray,
+    episode_ids: np.ndarray,
+    burn_in: int,
+    length: int,
+    dilation: int,
+    steps: np.ndarray,
+    valid: np.ndarray,
+    is_init: np.ndarray,
+    terminal: np.ndarray,
+    record_ids: np.ndarray,
+    learning: np.ndarray,
+    sequence: np.ndarray,
+) -> bool:
+    """`expand` for one episode per window (pad, and stop after its shift), compiled.
+
+    Per window, records ``first .. final`` are valid (their targets lie in the episode);
+    the ones before clamp to step 0, the ones after to the last step, and a record at
+    (or clamped to) the last step of a terminated episode is terminal. Also writes the
+    window's constants: ``learning`` (records ``burn_in .. burn_in + length - 1``) and
+    ``sequence`` (``k``). Returns whether any record was clamped.
+    """
+    clamped = False
+    size = steps.shape[1]
+    for b in range(anchor.shape[0]):
+        first_step, end = anchor[b] - burn_in * dilation, last[b]
+        first = max(0, -(first_step // dilation))  # first k with a target >= 0
+        final = min(size - 1, (end - first_step) // dilation)  # last k with target <= end
+        clamped |= first > 0 or final < size - 1
+        for k in range(size):
+            step = min(max(first_step + k * dilation, 0), end)
+            steps[b, k] = step
+            valid[b, k] = first <= k <= final
+            is_init[b, k] = k == first
+            terminal[b, k] = terminated[b] and step == end
+            record_ids[b, k] = episode_ids[b]
+            learning[b, k] = burn_in <= k < burn_in + length
+            sequence[b, k] = k
+    return clamped
+
+
 def _across_episodes(
-    table: EpisodeTable,
-    episode_ids: torch.Tensor,
-    starts: torch.Tensor,
-    last: torch.Tensor,
-    target: torch.Tensor,
+    table: EpisodeTable, anchors: Anchors, last: Array, anchor: Array, window: Window
 ) -> Records:
     """``include_reset``: records continue into the neighbouring stored episodes."""
-    wanted = starts + target
+    step_offset = engine.view(layout(window, table.device).step_offset)
+    targets = anchor[:, None] + step_offset  # steps of the anchor's episode, any sign
+    wanted = engine.tensor(table.offsets(anchors.rows[:, None], targets))
+    target, last = engine.tensor(targets), engine.tensor(last).unsqueeze(1)
     offsets = wanted.clamp(table.oldest_offset, table.next_offset - 1)
     valid = offsets == wanted
-    record_ids = episode_ids.unsqueeze(1).expand_as(target).clone()
+    record_ids = engine.tensor(anchors.episode_ids).unsqueeze(1).expand_as(target).clone()
     steps = target.clone()
     elsewhere = (target < 0) | (target > last)
     if bool(elsewhere.any()):
@@ -371,12 +356,12 @@ def _across_episodes(
     is_init = first_valid | (valid & (steps == 0))
     terminal = table.terminated[record_rows] & (steps == table.length[record_rows] - 1)
     return Records(
-        first_offsets=arrays.engine(wanted[:, 0]),
-        episode_ids=arrays.engine(record_ids),
-        steps=arrays.engine(steps),
-        valid=arrays.engine(valid),
-        is_init=arrays.engine(is_init),
-        terminal=arrays.engine(terminal),
+        first_offsets=engine.view(wanted[:, 0]),
+        rows=engine.view(record_rows),
+        episode_ids=engine.view(record_ids),
+        steps=engine.view(steps),
+        valid=engine.view(valid),
+        is_init=engine.view(is_init),
+        terminal=engine.view(terminal),
         clamped=True,  # records of other episodes are read one by one
-        offsets=arrays.engine(offsets),
     )

@@ -8,13 +8,14 @@ twins and the calls that drive them; and prioritized buffers with known prioriti
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 
 import lucid_replay
-import lucid_replay.kernels
+from lucid_replay import engine
 
 _serials = itertools.count(1_000)
 
@@ -46,17 +47,16 @@ def episode_factory():
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture(params=["kernels", "numpy", "torch"])
-def index_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test with the index arithmetic in the compiled kernels (what CPU storage uses
+@pytest.fixture(params=list(engine.ENGINES))
+def index_engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test with the index arithmetic in the compiled loops (what CPU storage uses
     when numba is installed), on numpy views (without them) and on tensors (what an
     accelerator uses), so that every code path is tested on CPU.
     """
-    if request.param == "kernels" and lucid_replay.kernels.get() is None:
-        pytest.skip("numba is not installed: the compiled kernels cannot run")
-    monkeypatch.setattr(lucid_replay.arrays, "numpy_on_cpu", request.param != "torch")
-    monkeypatch.setattr(lucid_replay.kernels, "enabled", request.param == "kernels")
-    return str(request.param)
+    if request.param == "kernels" and not engine.available():
+        pytest.skip("numba is not installed: the compiled loops cannot run")
+    with engine.use(request.param):
+        yield str(request.param)
 
 
 # `index_engine` as a mark, for single tests in a module whose other tests run once.

@@ -29,7 +29,7 @@ from conftest import (
     write_values,
 )
 
-import lucid_replay.blocks
+import lucid_replay.batch_memory
 from lucid_replay import (
     Batch,
     PrioritizedBatch,
@@ -39,7 +39,7 @@ from lucid_replay import (
     WindowBatch,
 )
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 
 # The [B, W] entries of a WindowBatch besides its data.
@@ -269,7 +269,7 @@ def test_chunk_batches_own_their_memory():
     assert buffer.sample(4, 6).starts.tolist() == [0, 0, 0, 0]
 
 
-@pytest.mark.skipif(lucid_replay.blocks._use_count is None, reason="torch lacks a use count")
+@pytest.mark.skipif(lucid_replay.batch_memory._use_count is None, reason="torch lacks a use count")
 def test_batch_memory_is_reused_only_once_nothing_refers_to_it():
     """A dropped batch's block serves a later draw (no allocation, no page faults); a batch,
     a view of one of its tensors, or a numpy array of it keeps its memory from reuse."""
@@ -302,7 +302,7 @@ def test_batch_memory_is_reused_only_once_nothing_refers_to_it():
         held = hold(batch)
         expected = _values(held)
         del batch
-        for _ in range(2 * lucid_replay.blocks.KEPT):
+        for _ in range(2 * lucid_replay.batch_memory.KEPT):
             buffer.sample_windows(16, window)  # every kept block is drawn into, if free
             buffer.sample_windows(16, Window(2))  # a block of another size in between
         assert _values(held) == expected
@@ -320,7 +320,7 @@ def _values(held):
     return held.tolist()
 
 
-@pytest.mark.skipif(lucid_replay.blocks._use_count is None, reason="torch lacks a use count")
+@pytest.mark.skipif(lucid_replay.batch_memory._use_count is None, reason="torch lacks a use count")
 def test_a_dropped_batch_is_drawn_into_again_as_it_was_built():
     """A batch nobody holds is handed out again, views and all, holding the new draw; one of
     another layout on the same block is built anew."""
@@ -342,25 +342,25 @@ def test_a_dropped_batch_is_drawn_into_again_as_it_was_built():
 def test_without_exact_reference_counts_no_batch_memory_is_reused(monkeypatch):
     """Where reference counts are not exact (free-threaded Python), a holder of a batch's
     storage could not be seen: every draw gets new memory, and a held batch keeps its values."""
-    monkeypatch.setattr(lucid_replay.blocks, "_exact_refcounts", False)
+    monkeypatch.setattr(lucid_replay.batch_memory, "_exact_refcounts", False)
     buffer = SequenceReplay(200, seed=0)
     buffer.extend(make_episode(20, first_serial=100 * i) for i in range(3))
     storage = buffer.sample_windows(8, Window(3)).data["serial"].untyped_storage()
     expected = torch.empty(0, dtype=torch.uint8).set_(storage).tolist()
-    for _ in range(2 * lucid_replay.blocks.KEPT):
+    for _ in range(2 * lucid_replay.batch_memory.KEPT):
         buffer.sample_windows(8, Window(3))
-    assert buffer._core.blocks._kept == []
+    assert buffer._core.batcher.blocks._kept == []
     assert torch.empty(0, dtype=torch.uint8).set_(storage).tolist() == expected
 
 
 def test_without_a_storage_use_count_no_batch_memory_is_kept(monkeypatch):
     """Where torch lacks the private use-count function, no block is remembered for reuse
     (nothing could tell when a batch is free), and draws still work."""
-    monkeypatch.setattr(lucid_replay.blocks, "_use_count", None)
+    monkeypatch.setattr(lucid_replay.batch_memory, "_use_count", None)
     buffer = SequenceReplay(200, seed=0)
     buffer.extend(make_episode(20, first_serial=100 * i) for i in range(3))
     for _ in range(3):
         batch = buffer.sample_windows(8, Window(3))
         assert batch.data["serial"].shape == (8, 3)
         del batch
-    assert buffer._core.blocks._kept == []
+    assert buffer._core.batcher.blocks._kept == []

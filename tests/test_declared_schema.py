@@ -17,7 +17,7 @@ from lucid_replay import (
     Window,
 )
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 SCHEMA = {
     "obs": ((2,), torch.float32),

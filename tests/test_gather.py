@@ -20,7 +20,7 @@ from lucid_replay import (
     WindowBatch,
 )
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 WINDOWS = [
     Window(4, burn_in=3, bootstrap=2),

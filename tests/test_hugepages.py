@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lucid_replay import Episode, SequenceReplay, hugepages
-from lucid_replay.storage import TransitionRing
+from lucid_replay.ring import TransitionRing
 
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _thp_available = (

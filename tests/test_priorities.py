@@ -16,10 +16,10 @@ import pytest
 import torch
 from conftest import INF, NAN, F, T
 
-from lucid_replay import CheckpointError, InvalidArgumentError, arrays
+from lucid_replay import CheckpointError, InvalidArgumentError, engine
 from lucid_replay.priorities import Priorities, window_priorities
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 # Three windows of W = 4 records whose learning region is k = 1, 2. Every value of 9.0 lies
 # outside the counted records, so a leak of any of them shows as a maximum of 9.
@@ -235,8 +235,8 @@ def test_of_errors_refuses_a_priority_beyond_float64():
 def test_weights_are_the_priority_ratio_to_the_power_alpha_beta():
     """``w = (p_min / p)^(alpha beta)``: float32, [B], exactly 1 for the smallest priority."""
     priorities = Priorities(0.5, 0.4, 1e-6)
-    drawn = arrays.engine(torch.tensor([2.0, 1.0, 4.0, 1.0], dtype=torch.float64))
-    weights = arrays.tensor(priorities.weights(drawn))
+    drawn = engine.view(torch.tensor([2.0, 1.0, 4.0, 1.0], dtype=torch.float64))
+    weights = engine.tensor(priorities.weights(drawn))
     assert weights.dtype == torch.float32
     assert weights.shape == (4,) and float(weights.max()) == 1.0
     expected = [2**-0.2, 1.0, 4**-0.2, 1.0]
@@ -250,14 +250,14 @@ def test_weights_are_the_priority_ratio_to_the_power_alpha_beta():
 def test_weights_are_finite_where_the_priority_power_overflows():
     """Priorities whose ``p^alpha`` overflows float64 still give finite weights."""
     priorities = Priorities(50.0, 1.0, 1e-6)
-    weights = priorities.weights(arrays.engine(torch.tensor([1e7, 1.01e7], dtype=torch.float64)))
+    weights = priorities.weights(engine.view(torch.tensor([1e7, 1.01e7], dtype=torch.float64)))
     assert weights.tolist() == pytest.approx([1.0, (1 / 1.01) ** 50], rel=1e-6)
 
 
 def test_weights_with_beta_zero_are_all_one():
     """beta = 0 gives no correction: every weight is 1."""
     priorities = Priorities(0.6, 0.0, 1e-6)
-    weights = priorities.weights(arrays.engine(torch.tensor([0.5, 8.0], dtype=torch.float64)))
+    weights = priorities.weights(engine.view(torch.tensor([0.5, 8.0], dtype=torch.float64)))
     assert weights.tolist() == [1.0, 1.0]
 
 

@@ -48,7 +48,7 @@ from lucid_replay import (
     Window,
 )
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 # A length-2 episode is not eligible for length 3 and holds the largest priority, so any
 # leak of ineligible mass shows up strongly.

@@ -21,7 +21,7 @@ from lucid_replay import (
 )
 from lucid_replay.table import EpisodeTable
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 _BAD_DEVICES = ["banana", "cuda:99"] + ([] if torch.cuda.is_available() else ["cuda"])
 

@@ -34,7 +34,7 @@ from stats import chi_square_pvalue
 
 from lucid_replay import Batch, SequenceReplay
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 REQUIRED_STATS = {
     "episodes_added",

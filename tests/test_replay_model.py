@@ -18,7 +18,7 @@ from conftest import make_episode
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lucid_replay import SequenceReplay, arrays
+from lucid_replay import SequenceReplay, engine
 
 CAPACITY = 13
 
@@ -185,8 +185,8 @@ class TestReplayModelOnTensorArithmetic(ReplayModel.TestCase):  # type: ignore[m
     """The same machine with the index arithmetic on tensors (an accelerator's code path)."""
 
     def setUp(self) -> None:
-        self._numpy_on_cpu = arrays.numpy_on_cpu
-        arrays.numpy_on_cpu = False
+        self._engine = engine.use("torch")
+        self._engine.__enter__()
 
     def tearDown(self) -> None:
-        arrays.numpy_on_cpu = self._numpy_on_cpu
+        self._engine.__exit__(None, None, None)

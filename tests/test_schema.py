@@ -20,7 +20,7 @@ from lucid_replay import (
 )
 from lucid_replay.schema import RESERVED_NAMES, SUPPORTED_DTYPES, Schema
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 
 def _values(dtype: torch.dtype, length: int, first: int) -> torch.Tensor:

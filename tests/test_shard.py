@@ -16,7 +16,7 @@ from conftest import make_episode
 from lucid_replay import PrioritizedSequenceReplay, Window
 from lucid_replay.shard import ShardHooks
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 WINDOW = Window(3, burn_in=2, bootstrap=1)
 

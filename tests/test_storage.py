@@ -23,10 +23,12 @@ from lucid_replay import (
     SchemaError,
     SequenceReplay,
     UnknownEpisodeError,
-    arrays,
+    engine,
 )
+from lucid_replay.ring import TransitionRing
+from lucid_replay.table import EpisodeTable
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 
 def _snapshot(buffer: SequenceReplay) -> tuple:
@@ -404,8 +406,6 @@ def test_mutating_a_looked_up_episode_does_not_change_storage():
 )
 def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
     """Block reads of runs (with seam and clamp repairs) equal gathering every record's slot."""
-    from lucid_replay.storage import TransitionRing
-
     ring = TransitionRing(capacity, torch.device("cpu"))
     # "wide" records are 2 kB: runs of 2 or more are 4 kB blocks, which index_select copies
     # when torch has several threads (the kernel copies the smaller ones).
@@ -429,7 +429,10 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
     offsets = wanted.clamp(oldest, oldest + capacity - 1)
     exact = offsets == wanted
 
-    records = (arrays.engine(offsets[:, 0] * 0), arrays.engine(offsets))
+    # One table row whose episode starts at offset 0: record (row 0, step s) is at offset s.
+    table = EpisodeTable(torch.device("cpu"))
+    table.oldest_offset = oldest
+    records = (engine.view(torch.zeros_like(offsets)), engine.view(offsets))
     expected = ring.gather(ring.slots(offsets, oldest))
     threads = torch.get_num_threads()
     # Into new tensors, and into preallocated ones (the compiled gather: runs copied by a
@@ -441,7 +444,7 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
         torch.set_num_threads(count)
         try:
             got = ring.gather_runs(
-                arrays.engine(firsts), size, stride, records, arrays.engine(exact), oldest, out
+                table, engine.view(firsts), size, stride, records, engine.view(exact), out
             )
         finally:
             torch.set_num_threads(threads)
@@ -452,26 +455,24 @@ def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
 def test_compiled_gather_refuses_an_offset_outside_the_ring(index_engine):
     """The compiled gather copies raw memory: an offset it was never meant to see raises
     instead of reading outside the ring (no caller passes one)."""
-    from lucid_replay.storage import TransitionRing
-
     if index_engine != "kernels":
         pytest.skip("the guard is the compiled gather's")
     ring = TransitionRing(10, torch.device("cpu"))
     ring.allocate({"x": ((3,), torch.float32)})
+    table = EpisodeTable(torch.device("cpu"))
     exact = np.array([[True, False]])
-    records = (np.array([-50]), np.array([[0, 1]]))
+    records = (np.zeros((1, 2), dtype=np.int64), np.array([[0, -50]]))
     out = {"x": torch.empty(1, 2, 3)}
     with pytest.raises(IndexError, match="outside the stored range"):
-        ring.gather_runs(np.array([0]), 2, 1, records, exact, 0, out)
+        ring.gather_runs(table, np.array([0]), 2, 1, records, exact, out)
 
 
 def test_compiled_block_copy_refuses_a_block_outside_the_ring(index_engine):
     """The kernel that copies whole runs checks every block before it writes a byte."""
     if index_engine != "kernels":
         pytest.skip("the guard is the compiled gather's")
-    from lucid_replay import kernels
+    from lucid_replay.ring_copies import copy_blocks
 
-    copy_blocks = kernels.get()["copy_blocks"]
     ring = torch.arange(10, dtype=torch.float32)
     out = torch.zeros(2, 4)
     addresses = (np.array([out.data_ptr()]), np.array([ring.data_ptr()]), np.array([4]))

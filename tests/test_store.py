@@ -22,7 +22,7 @@ from conftest import (
 
 from lucid_replay import InvalidArgumentError, SchemaDtypeError, SequenceReplay, Window
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 # ------------------------------------------------------------------------- write_back
 

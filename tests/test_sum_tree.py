@@ -17,9 +17,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lucid_replay import sum_tree
+from lucid_replay import engine, sum_tree
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 SETTINGS = settings(max_examples=80, deadline=None)
 
@@ -208,7 +208,13 @@ def test_search_keeps_target_shape() -> None:
     assert found.tolist() == [[0, 1, 2], [3, 0, 3]]
 
 
-# -------------------------------------------------------------------------- set_leaves
+# ---------------------------------------------------------------------- updates: refresh
+def _set_leaves(tree: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
+    """Leaves ``indices`` set to ``values`` (a repeated index: its largest), then refreshed."""
+    engine.assign_max(sum_tree.leaves(tree), indices, values.to(tree.dtype))
+    sum_tree.refresh(tree, indices)
+
+
 @st.composite
 def update_batches(draw: st.DrawFn, count: int) -> tuple[list[int], list[float]]:
     """One batch of updates: indices (duplicates allowed) and values."""
@@ -219,7 +225,7 @@ def update_batches(draw: st.DrawFn, count: int) -> tuple[list[int], list[float]]
 
 @SETTINGS
 @given(st.data())
-def test_set_leaves_matches_rebuild_bitwise(data: st.DataObject) -> None:
+def test_refreshed_leaves_matches_rebuild_bitwise(data: st.DataObject) -> None:
     """Any sequence of batched updates leaves the tree bitwise equal to `build` of the leaves."""
     leaves = data.draw(leaf_arrays(max_log2=5))
     tree = sum_tree.build(_tensor(leaves))
@@ -232,38 +238,38 @@ def test_set_leaves_matches_rebuild_bitwise(data: st.DataObject) -> None:
             reduced[index] = max(reduced.get(index, -math.inf), value)
         for index, value in reduced.items():
             model[index] = value
-        sum_tree.set_leaves(tree, torch.tensor(indices, dtype=torch.int64), _tensor(values))
+        _set_leaves(tree, torch.tensor(indices, dtype=torch.int64), _tensor(values))
         np.testing.assert_array_equal(tree.numpy()[1:], _naive_tree(model)[1:])
         np.testing.assert_array_equal(tree.numpy(), sum_tree.build(_tensor(model)).numpy())
 
 
-def test_set_leaves_duplicate_indices_reduce_with_max() -> None:
+def test_refreshed_leaves_duplicate_indices_reduce_with_max() -> None:
     """Duplicate indices in one call keep the largest value, whatever their order."""
     tree = sum_tree.build(_tensor([1, 1, 1, 1]))
-    sum_tree.set_leaves(tree, torch.tensor([2, 0, 2, 2, 0]), _tensor([5, 0.5, 9, 7, 0.25]))
+    _set_leaves(tree, torch.tensor([2, 0, 2, 2, 0]), _tensor([5, 0.5, 9, 7, 0.25]))
     assert sum_tree.leaves(tree).tolist() == [0.5, 1.0, 9.0, 1.0]
     assert float(sum_tree.total(tree)) == 11.5
 
 
-def test_set_leaves_zeroed_subtree_sums_to_exact_zero() -> None:
+def test_refreshed_leaves_zeroed_subtree_sums_to_exact_zero() -> None:
     """Zeroing inexact leaves leaves their subtree exactly 0.0 (recomputed, not delta-adjusted)."""
     tree = sum_tree.build(_tensor([0.1, 0.2, 0.3, 0.7]))
-    sum_tree.set_leaves(tree, torch.tensor([0, 1]), _tensor([0.0, 0.0]))
+    _set_leaves(tree, torch.tensor([0, 1]), _tensor([0.0, 0.0]))
     assert float(tree[2]) == 0.0
     assert float(sum_tree.total(tree)) == float(tree[3]) == 0.3 + 0.7
     assert _search(tree, [0.0]).tolist() == [2]
 
 
-def test_set_leaves_with_no_indices_changes_nothing() -> None:
+def test_refreshed_leaves_with_no_indices_changes_nothing() -> None:
     """An empty update is a no-op."""
     tree = sum_tree.build(_tensor([1, 2, 3, 4]))
     before = tree.clone()
-    sum_tree.set_leaves(tree, torch.empty(0, dtype=torch.int64), _tensor([]))
+    _set_leaves(tree, torch.empty(0, dtype=torch.int64), _tensor([]))
     assert torch.equal(tree, before)
 
 
-def test_set_leaves_distinct_unsorted_indices() -> None:
+def test_refreshed_leaves_distinct_unsorted_indices() -> None:
     """Distinct indices in any order set exactly their own values."""
     tree = sum_tree.build(_tensor([0, 0, 0, 0]))
-    sum_tree.set_leaves(tree, torch.tensor([3, 1]), _tensor([10.0, 20.0]))
+    _set_leaves(tree, torch.tensor([3, 1]), _tensor([10.0, 20.0]))
     assert sum_tree.leaves(tree).tolist() == [0.0, 20.0, 0.0, 10.0]

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lucid_replay import arrays
+from lucid_replay import engine
 from lucid_replay.table import EpisodeTable
 
 pytestmark = pytest.mark.usefixtures("index_engine")
@@ -25,9 +25,9 @@ def _table() -> EpisodeTable:
 
 def _assign(table: EpisodeTable, ids: list[int], values: list[float]):
     rows, distinct, largest = table.assign_priorities(
-        arrays.engine(torch.tensor(ids)), arrays.engine(torch.tensor(values, dtype=torch.float64))
+        engine.view(torch.tensor(ids)), engine.view(torch.tensor(values, dtype=torch.float64))
     )
-    return arrays.tensor(rows).tolist(), distinct, largest
+    return engine.tensor(rows).tolist(), distinct, largest
 
 
 def test_assign_priorities_takes_the_largest_value_of_a_repeated_id():

@@ -26,7 +26,7 @@ from lucid_replay import (
     WindowBatch,
 )
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 
 def _assert_data_is_stored_values(buffer, batch):

@@ -33,9 +33,9 @@ with warnings.catch_warnings():
     from torchrl.data import LazyTensorStorage, ReplayBuffer
     from torchrl.data.replay_buffers import Sequence
 
-from lucid_replay import Episode, SequenceReplay, Window, arrays
+from lucid_replay import Episode, SequenceReplay, Window, engine
 
-pytestmark = pytest.mark.usefixtures("index_engine")  # numpy and torch index arithmetic
+pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
 # (length, terminated): length-1 and length-2 episodes, terminated and truncated mixed.
 EPISODES = [(5, True), (1, False), (2, True), (7, False), (1, True), (3, False), (2, False)]
@@ -73,7 +73,7 @@ def _torchrl_episode(length: int, terminated: bool, first_serial: int) -> Tensor
 
 
 @functools.cache
-def _layout(name: str, numpy_on_cpu: bool):
+def _layout(name: str, index_engine: str):
     """Build both buffers for a layout; returns what the tests compare (cached per layout and
     index engine, which a buffer fixes when it is built).
     """
@@ -113,7 +113,7 @@ def _layout(name: str, numpy_on_cpu: bool):
 
 def _both(layout, boundary, length, burn_in, bootstrap, dilation):
     ours, storage, episode_ids, anchor_steps, first_serial, anchors = _layout(
-        layout, arrays.numpy_on_cpu
+        layout, engine.current()
     )
     window = Window(
         length,

@@ -116,7 +116,6 @@ def build(
             data=data,
             episode_ids=tensors["episode_ids"],
             starts=tensors["starts"],
-            indices=tensors["episode_ids"].clone(),
             weights=tensors["weights"],
         )
     return WindowBatch(

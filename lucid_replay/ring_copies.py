@@ -1,7 +1,8 @@
-"""The gather's compiled copies (numba): raw memory moves between the ring and a batch.
+"""The ring's compiled copies (numba): raw memory moves between the ring and a batch.
 
-Imported by `lucid_replay.compiled` only, so only where numba is there. Module-level
-functions, so that numba caches them on disk.
+Imported by `lucid_replay.ring` on its compiled path only, so only where numba is there.
+Module-level loops registered with `lucid_replay.engine.jit`, so that numba caches them on
+disk; the array code they replace is `TransitionRing.gather_runs`.
 
 Raw memory access on int64 addresses, which numba lacks: ``memcpy(target, source, count)``
 copies ``count`` bytes (LLVM's memcpy: a 28 kB run several times faster than an element loop);
@@ -15,18 +16,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]  # no py.typed
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from lucid_replay import engine
+
 __all__: list[str] = []  # internal module
 
-
-jit = numba.njit(cache=True, nogil=True)
-
+engine.available()  # numba is here: the loops below are compiled as they are registered
+jit = engine.jit
 pointer = cgutils.voidptr_t
 
 
@@ -194,15 +195,20 @@ def _slot(
     firsts: np.ndarray,
     stride: int,
     exact: bool,
-    starts: np.ndarray,
+    start: np.ndarray,
+    rows: np.ndarray,
     steps: np.ndarray,
     capacity: int,
     base: int,
     b: int,
     k: int,
 ) -> int:
-    """The ring slot of record ``k`` of window ``b`` (`gather_records`' arguments)."""
-    slot: int = (firsts[b] + stride * k if exact else starts[b] + steps[b, k]) - base
+    """The ring slot of record ``k`` of window ``b`` (`gather_records`' arguments).
+
+    Not exact: ``start[rows[b, k]] + steps[b, k]``, `EpisodeTable.offsets` compiled.
+    """
+    offset = firsts[b] + stride * k if exact else start[rows[b, k]] + steps[b, k]
+    slot: int = offset - base
     return slot - capacity if slot >= capacity else slot
 
 
@@ -268,7 +274,8 @@ def gather_records(
     stride: int,
     size: int,
     exact: np.ndarray,
-    starts: np.ndarray,
+    start: np.ndarray,
+    rows: np.ndarray,
     steps: np.ndarray,
     capacity: int,
     base: int,
@@ -279,7 +286,8 @@ def gather_records(
     ``targets`` and ``sources`` are the addresses of the fields' contiguous batch and ring
     memory, ``row_bytes`` their bytes per record. Record ``k`` of window ``b`` reads the slot of
     offset ``firsts[b] + stride * k`` where it is ``exact`` (C-contiguous; every record is if
-    ``exact`` has no rows), else that of ``starts[b] + steps[b, k]``. Records at consecutive
+    ``exact`` has no rows), else that of step ``steps[b, k]`` of table row ``rows[b, k]``
+    (``start`` is the table's start column). Records at consecutive
     slots, or repeating one slot, are copied as one run. If ``copied``, every field already
     holds the run of every window whose run from slot ``firsts[b] % capacity`` lies inside the
     ring: of those windows only the records that are not exact are copied. ``runs`` is scratch
@@ -299,7 +307,7 @@ def gather_records(
             for a in range(b + _AHEAD if b else 0, min(b + _AHEAD + 1, windows)):
                 for k in (0, size - 1):  # the steps a short episode's clamped records repeat
                     exact_k = not checked or exact[a, k]
-                    slot = _slot(firsts, stride, exact_k, starts, steps, capacity, base, a, k)
+                    slot = _slot(firsts, stride, exact_k, start, rows, steps, capacity, base, a, k)
                     _prefetch_reads(sources, row_bytes, slot, capacity)
                 _prefetch_writes(targets, row_bytes, a, size)
         whole = not checked or _all_exact(exact, b, size)
@@ -317,7 +325,7 @@ def gather_records(
                 exact_k = whole or exact[b, k]
                 if repair and exact_k:
                     continue
-                slot = _slot(firsts, stride, exact_k, starts, steps, capacity, base, b, k)
+                slot = _slot(firsts, stride, exact_k, start, rows, steps, capacity, base, b, k)
                 if not 0 <= slot < capacity:  # never for stored offsets: a raw-memory guard
                     raise IndexError("gather_records: an offset outside the stored range")
                 count = _add_record(runs, 0, count, k, slot)

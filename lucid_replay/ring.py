@@ -1,19 +1,24 @@
 """The transition ring: contiguous per-field tensors over transitions, on one device.
 
 Transitions are addressed by their global *offset* (see `lucid_replay.table`); a stored
-offset lives in ring slot ``offset % capacity``.
+offset lives in ring slot ``offset % capacity``. The gather's raw-memory copies, compiled,
+are beside it in `lucid_replay.ring_copies`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from lucid_replay import arrays, hugepages, kernels
-from lucid_replay.arrays import Array
+from lucid_replay import engine, hugepages
+from lucid_replay.engine import Array
+
+if TYPE_CHECKING:
+    from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module
 
@@ -36,10 +41,6 @@ class TransitionRing:
         self._views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # see _run_views
         self._splits: dict[tuple[int, int, int], tuple[np.ndarray, tuple[str, ...]]] = {}
         self._scratch: dict[str, torch.Tensor] = {}
-        # Pinned host buffers for gathers to an accelerator, by batch shape, and the event
-        # after which their last copy out has finished.
-        self._pinned: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-        self._copied: dict[tuple[int, int], torch.cuda.Event] = {}
 
     def allocate(self, schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
         """Create the storage tensors for ``schema`` (name -> (per-step shape, dtype)).
@@ -118,36 +119,11 @@ class TransitionRing:
             relative -= wraps * self.capacity
         return relative
 
-    def pinned(self, shape: tuple[int, int], device: torch.device) -> dict[str, torch.Tensor]:
-        """Pinned host tensors ``[*shape, *field_shape]`` to gather into before a copy.
-
-        Kept for the next call of this shape, which waits until the copy out of them (to
-        ``device``) has finished.
-        """
-        buffers = self._pinned.get(shape)
-        if buffers is None:
-            buffers = {
-                name: torch.empty((*shape, *store.shape[1:]), dtype=store.dtype, pin_memory=True)
-                for name, store in self.fields.items()
-            }
-            self._pinned = {shape: buffers}  # one batch shape at a time is what loops use
-        event = self._copied.pop(shape, None)
-        if event is not None:
-            event.synchronize()  # the previous batch's non_blocking copy read these buffers
-        return buffers
-
-    def record_copies(self, device: torch.device) -> None:
-        """Note that copies out of the pinned buffers were just queued on ``device``."""
-        for shape in self._pinned:
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped in torch
-            event.record(torch.cuda.current_stream(device))
-            self._copied[shape] = event
-
     def scatter(
         self, name: str, offsets: torch.Tensor, values: torch.Tensor, oldest_offset: int
     ) -> None:
         """Write ``values[i]`` to the slot of stored offset ``offsets[i]`` of field ``name``."""
-        slots = arrays.tensor(self.slots(arrays.engine(offsets), oldest_offset))
+        slots = engine.tensor(self.slots(engine.view(offsets), oldest_offset))
         self.fields[name][slots] = values
 
     def read(self, offset: int, length: int) -> dict[str, torch.Tensor]:
@@ -176,21 +152,21 @@ class TransitionRing:
 
     def gather_runs(
         self,
+        table: EpisodeTable,
         first_offsets: Array,
         size: int,
         stride: int,
         records: tuple[Array, Array] | None,
         exact: Array | None,
-        oldest_offset: int,
         out: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Gather ``B`` runs of ``size`` records (``[B, size, *field_shape]``).
+        """Gather ``B`` runs of ``size`` records (``[B, size, *field_shape]``) stored in ``table``.
 
         Run ``b`` holds the transitions at offsets ``first_offsets[b] + stride * k``, except the
         records where ``exact`` is False (clamped records; ``exact=None`` means none are),
-        which hold the offsets ``starts[b] + steps[b, k]`` of ``records = (starts, steps)``
-        (``[B]`` and ``[B, size]``; ``None`` only with ``exact=None``). All are arrays of the
-        `arrays` engine.
+        which hold step ``steps[b, k]`` of the episode in table row ``rows[b, k]`` of
+        ``records = (rows, steps)`` (both ``[B, size]``; ``None`` only with ``exact=None``):
+        offset `EpisodeTable.offsets`. All are `engine` engine.
 
         Each run is read as one block through a strided view of the ring (about 30% faster
         than gathering its records one by one). With the compiled kernels, CPU storage and
@@ -207,8 +183,10 @@ class TransitionRing:
         """
         span = 1 + stride * (size - 1)
         firsts = first_offsets % self.capacity  # offsets may be negative
-        compiled = kernels.get() if isinstance(firsts, np.ndarray) else None  # on CPU
-        if compiled is not None and out is not None and _on_cpu(out):
+        oldest_offset = table.oldest_offset
+        if engine.compiled(firsts) and out is not None and _on_cpu(out):
+            from lucid_replay import ring_copies  # needs numba: only on this path
+
             # The runs are copied first; those that are clamped or cross the seam read any
             # run in range, and gather_records overwrites them, so with most records clamped
             # it copies everything itself instead.
@@ -222,14 +200,14 @@ class TransitionRing:
                 serial, parallel = self._copiers(size, stride)
                 if serial.shape[0]:
                     blocks = self._addresses[serial], self._row_bytes[serial], slots, size
-                    compiled["copy_blocks"](targets[serial], *blocks, self.capacity)
+                    ring_copies.copy_blocks(targets[serial], *blocks, self.capacity)
                 if parallel:
                     positions = torch.from_numpy(slots)
                     views = self._run_views(size, stride)
                     for name in parallel:
                         torch.index_select(views[name], 0, positions, out=out[name])
-            starts, steps = (_NO_STARTS, _NO_STEPS) if records is None else records
-            compiled["gather_records"](
+            rows, steps = (_NO_RECORDS, _NO_RECORDS) if records is None else records
+            ring_copies.gather_records(
                 targets,
                 self._addresses,
                 self._row_bytes,
@@ -238,8 +216,9 @@ class TransitionRing:
                 stride,
                 size,
                 _ALL_EXACT if engine_exact is None else engine_exact,
-                np.ascontiguousarray(starts),
-                np.ascontiguousarray(steps),
+                table.arrays["start"],
+                rows,
+                steps,
                 self.capacity,
                 oldest_offset - oldest_offset % self.capacity,
                 self._scratch_runs(size),
@@ -247,18 +226,18 @@ class TransitionRing:
             return dict(out)
 
         def offsets_at(positions: Array | None) -> Array:
-            return _offsets(first_offsets, size, stride, records, positions)
+            return _offsets(table, first_offsets, size, stride, records, positions)
 
         every = None
         if span > self.capacity or not bool((firsts <= self.capacity - span).all()):
             every = offsets_at(None)
-        where = None if exact is None else arrays.flat_nonzero(~exact)
+        where = None if exact is None else engine.flat_nonzero(~exact)
         if where is not None and where.shape[0] * 4 > first_offsets.shape[0] * size:
             every = offsets_at(None)
         if every is not None:
-            return self.gather(arrays.tensor(self.slots(every, oldest_offset)), out)
+            return self.gather(engine.tensor(self.slots(every, oldest_offset)), out)
         result = {}
-        positions = arrays.tensor(firsts)
+        positions = engine.tensor(firsts)
         for name, runs in self._run_views(size, stride).items():
             target = None if out is None else out[name]
             result[name] = torch.index_select(runs, 0, positions, out=target)
@@ -330,7 +309,7 @@ class TransitionRing:
                 rows = result[name].numpy().reshape(records, *store.shape[1:])
                 rows[where] = np.take(store, slots, axis=0)
             return
-        positions, slot_tensor = arrays.tensor(where), arrays.tensor(slots)
+        positions, slot_tensor = engine.tensor(where), engine.tensor(slots)
         records = math.prod(some.shape[:2])
         for name, ring_field in self.fields.items():
             flat = result[name].view(records, *ring_field.shape[1:])
@@ -353,8 +332,8 @@ class TransitionRing:
 
 
 _PARALLEL_BLOCK = 4096  # bytes of a field's run from which index_select copies it
-_NO_STARTS = np.empty(0, dtype=np.int64)  # records=None: every record is at its run's offset
-_NO_STEPS = np.empty((0, 0), dtype=np.int64)
+_NO_STARTS = np.empty(0, dtype=np.int64)  # a ring off the CPU: no field addresses
+_NO_RECORDS = np.empty((0, 0), dtype=np.int64)  # records=None: every record at its run's offset
 _ALL_EXACT = np.empty((0, 0), dtype=np.bool_)  # exact=None: no record is clamped
 
 
@@ -363,6 +342,7 @@ def _on_cpu(out: Mapping[str, torch.Tensor]) -> bool:
 
 
 def _offsets(
+    table: EpisodeTable,
     first_offsets: Array,
     size: int,
     stride: int,
@@ -371,9 +351,9 @@ def _offsets(
 ) -> Array:
     """Offsets of `gather_runs`'s records at flat ``positions`` (all, ``[B, size]``, for None)."""
     if records is None:
-        every = first_offsets[:, None] + arrays.arange(size, first_offsets) * stride
+        every = first_offsets[:, None] + engine.arange(size, first_offsets) * stride
         return every if positions is None else every.reshape(-1)[positions]
-    starts, steps = records
+    rows, steps = records
     if positions is None:
-        return starts[:, None] + steps
-    return starts[positions // size] + steps.reshape(-1)[positions]
+        return table.offsets(rows, steps)
+    return table.offsets(rows.reshape(-1)[positions], steps.reshape(-1)[positions])

@@ -1,4 +1,4 @@
-"""`lucid_replay.arrays`: each helper gives the same result on numpy arrays and on tensors."""
+"""`lucid_replay.engine`: each helper gives the same result on numpy arrays and on tensors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lucid_replay import arrays
+from lucid_replay import engine
 
 
 def _both(values: list, dtype: torch.dtype) -> tuple[np.ndarray, torch.Tensor]:
@@ -20,58 +20,58 @@ def _same(from_numpy: np.ndarray, from_torch: torch.Tensor) -> None:
     assert from_numpy.dtype == from_torch.numpy().dtype
 
 
-def test_engine_is_a_numpy_view_on_cpu_unless_switched_off(monkeypatch):
-    """On CPU the engine is a numpy view of the tensor's memory; switched off, the tensor."""
+def test_view_is_a_numpy_view_on_cpu_unless_the_torch_engine_runs():
+    """On CPU an engine view is a numpy view of the tensor's memory; under the torch engine,
+    the tensor itself."""
     tensor = torch.zeros(3)
-    view = arrays.engine(tensor)
+    view = engine.view(tensor)
     view[1] = 5.0
     assert tensor[1] == 5.0
-    assert arrays.tensor(view).data_ptr() == tensor.data_ptr()
-    monkeypatch.setattr(arrays, "numpy_on_cpu", False)
-    assert arrays.engine(tensor) is tensor
+    assert engine.tensor(view).data_ptr() == tensor.data_ptr()
+    with engine.use("torch"):
+        assert engine.view(tensor) is tensor
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32, torch.float64])
 def test_cast(dtype):
     """cast gives the same values and dtype on both engines."""
     host, device = _both([0.0, 1.5, -2.0], torch.float64)
-    _same(arrays.cast(host, dtype), arrays.cast(device, dtype))
+    _same(engine.cast(host, dtype), engine.cast(device, dtype))
 
 
-def test_minimum_where_row_max_and_flat_nonzero():
+def test_minimum_where_and_flat_nonzero():
     """minimum, where, row_max and flat_nonzero agree on numpy arrays and tensors."""
     first, first_t = _both([[3, -1, 7], [0, 2, 2]], torch.int64)
     second, second_t = _both([[1, 4, 7], [5, -3, 9]], torch.int64)
-    _same(arrays.minimum(first, second), arrays.minimum(first_t, second_t))
-    _same(arrays.where(first > 1, first, 0), arrays.where(first_t > 1, first_t, 0))
-    _same(arrays.row_max(first), arrays.row_max(first_t))
-    _same(arrays.flat_nonzero(first > 1), arrays.flat_nonzero(first_t > 1))
-    assert arrays.flat_nonzero(first > 1).tolist() == [0, 2, 4, 5]
+    _same(engine.minimum(first, second), engine.minimum(first_t, second_t))
+    _same(engine.where(first > 1, first, 0), engine.where(first_t > 1, first_t, 0))
+    _same(engine.flat_nonzero(first > 1), engine.flat_nonzero(first_t > 1))
+    assert engine.flat_nonzero(first > 1).tolist() == [0, 2, 4, 5]
 
 
 def test_all_finite():
     """all_finite agrees with numpy on both engines, for NaN and infinities too."""
     for values in ([1.0, 2.0], [1.0, float("nan")], [float("-inf")]):
         host, device = _both(values, torch.float32)
-        assert arrays.all_finite(host) == arrays.all_finite(device) == np.isfinite(values).all()
+        assert engine.all_finite(host) == engine.all_finite(device) == np.isfinite(values).all()
 
 
-def test_concatenate_and_from_ints(monkeypatch):
+def test_concatenate_and_from_ints():
     """concatenate agrees on both engines; from_ints gives the engine's array for the device."""
     parts, parts_t = zip(*(_both(v, torch.int64) for v in ([1, 2], [3], [4, 5])), strict=True)
-    _same(arrays.concatenate(list(parts)), arrays.concatenate(list(parts_t)))
-    host = arrays.from_ints([7, 8], torch.device("cpu"))
+    _same(engine.concatenate(list(parts)), engine.concatenate(list(parts_t)))
+    host = engine.from_ints([7, 8], torch.device("cpu"))
     assert isinstance(host, np.ndarray) and host.tolist() == [7, 8]
-    monkeypatch.setattr(arrays, "numpy_on_cpu", False)
-    assert torch.equal(arrays.from_ints([7, 8], torch.device("cpu")), torch.tensor([7, 8]))
+    with engine.use("torch"):
+        assert torch.equal(engine.from_ints([7, 8], torch.device("cpu")), torch.tensor([7, 8]))
 
 
 def test_add_at_counts_repeated_indices_once_each():
     """add_at adds once per occurrence of an index, also when indices repeat."""
     target, target_t = _both([0, 0, 0, 0], torch.int64)
     indices, indices_t = _both([1, 3, 1, 1], torch.int64)
-    arrays.add_at(target, indices, 2)
-    arrays.add_at(target_t, indices_t, 2)
+    engine.add_at(target, indices, 2)
+    engine.add_at(target_t, indices_t, 2)
     _same(target, target_t)
     assert target.tolist() == [0, 6, 0, 2]
 
@@ -86,8 +86,8 @@ def test_assign_max_keeps_the_largest_value_of_a_repeated_index():
         for index in np.unique(indices):
             expected[index] = values[indices == index].max()
         target, target_t = np.full(5, 9.0), torch.full((5,), 9.0, dtype=torch.float64)
-        arrays.assign_max(target, indices, values)
-        arrays.assign_max(target_t, torch.from_numpy(indices), torch.from_numpy(values))
+        engine.assign_max(target, indices, values)
+        engine.assign_max(target_t, torch.from_numpy(indices), torch.from_numpy(values))
         np.testing.assert_array_equal(target, expected)
         np.testing.assert_array_equal(target_t.numpy(), expected)
 
@@ -96,4 +96,15 @@ def test_assign_max_keeps_the_largest_value_of_a_repeated_index():
 def test_count_distinct(values):
     """count_distinct counts distinct values alike on both engines, empty input included."""
     host, device = _both(values, torch.int64)
-    assert arrays.count_distinct(host) == arrays.count_distinct(device) == len(set(values))
+    assert engine.count_distinct(host) == engine.count_distinct(device) == len(set(values))
+
+
+def test_broadcast_columns_is_a_view_of_each_value_repeated():
+    """broadcast_columns repeats a vector along a new last axis without a copy, alike on
+    both engines (the rows of a window's records)."""
+    host, device = _both([3, 1, 4], torch.int64)
+    wide, wide_t = engine.broadcast_columns(host, 5), engine.broadcast_columns(device, 5)
+    assert wide.shape == (3, 5) and tuple(wide_t.shape) == (3, 5)
+    np.testing.assert_array_equal(wide, wide_t.numpy())
+    assert np.shares_memory(wide, host) and wide_t.data_ptr() == device.data_ptr()
+    assert wide[:, 4].tolist() == [3, 1, 4]

@@ -1,0 +1,73 @@
+"""The values a draw hands along the data path: anchors, then the records they expand to.
+
+``draw -> Anchors -> expand -> Records -> gather``: the sampler returns `Anchors` (which
+episode rows and steps), `lucid_replay.window.expand` turns them into `Records` (where each
+record of each window lands, and its masks), and the batcher reads those records out of the
+ring. `RecordArrays` are destinations that `expand` may write its ``[B, W]`` results into
+(a batch's own per-record tensors). All hold arrays of the `lucid_replay.engine` (numpy on
+CPU), so the stages pass them on without converting to tensors and back.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from lucid_replay.engine import Array
+
+__all__: list[str] = []  # internal module
+
+
+@attrs.frozen(eq=False)
+class Anchors:
+    """Drawn anchors: table rows, episode ids and steps (int64 ``[B]``).
+
+    ``priorities`` (float64 ``[B]``) are the drawn episodes' priorities for a prioritized
+    draw, from which the caller computes importance weights over the whole batch; ``None``
+    for a uniform draw. ``weights`` (float32 ``[B]``) are those weights once computed.
+    """
+
+    rows: Array
+    episode_ids: Array
+    steps: Array
+    priorities: Array = None
+    weights: Array = None
+
+
+@attrs.frozen(eq=False)
+class Records:
+    """Where each record of ``B`` windows of ``W`` records lands (``[B, W]`` unless noted).
+
+    Record ``k`` of window ``b`` holds step ``steps[b, k]`` of the episode in table row
+    ``rows[b, k]``: global offset ``EpisodeTable.offsets(rows, steps)``. Where ``clamped``
+    is False (every record is the step it targets, in the anchor's episode), record ``k``
+    is also at offset ``first_offsets[b] + k * dilation``; the gather reads those runs as
+    blocks and takes ``rows`` and ``steps`` only for the records that are not ``valid``.
+    ``filled``: `expand` wrote the per-record entries into `RecordArrays` (the learning mask
+    and record index too).
+    """
+
+    first_offsets: Array  # [B]: where record 0 would be without clamping
+    rows: Array  # [B, W]; a broadcast view of the anchors' rows for one-episode windows
+    episode_ids: Array
+    steps: Array
+    valid: Array
+    is_init: Array
+    terminal: Array
+    clamped: bool
+    filled: bool = False
+
+
+@attrs.frozen(eq=False)
+class RecordArrays:
+    """Destinations ``[B, W]`` for `expand` to write records into (a batch's own tensors).
+
+    ``learning`` and ``sequence`` receive the window's learning mask and record index.
+    """
+
+    steps: Array
+    valid: Array
+    is_init: Array
+    terminal: Array
+    episode_ids: Array
+    learning: Array
+    sequence: Array

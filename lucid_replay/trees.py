@@ -1,0 +1,243 @@
+"""The sampler's sum trees: the leaf law, and a tree per (span, alpha) kept as the table's cache.
+
+An *anchor* is ``(episode, step)``. For a learning region spanning ``span`` steps, the eligible
+anchors of an episode of length ``T`` are its steps ``0 .. T - span`` (``max(T - span + 1, 0)``
+of them). The draw (`lucid_replay.sampling`) picks an episode row from a sum tree whose leaf
+for each stored episode is (the *leaf law*)
+
+* ``unit="chunk"``:   ``n_e * m_e`` (every eligible anchor equally likely, times its weight),
+* ``unit="episode"``: ``[n_e > 0] * m_e`` (every episode with an eligible anchor equally likely),
+
+where ``m_e = (p_e / s) ** alpha`` for a prioritized draw (alpha a float) and 1 for a uniform one
+(alpha ``None``), and then a step uniformly among the episode's eligible anchors. The scale
+``s`` is the largest priority among the eligible episodes when the tree was built: it cancels
+in every probability, and keeps ``m_e <= 1`` so that no finite priority overflows float64 or
+underflows all masses to zero. A tree whose total drifts out of ``[2**-700, 2**700]`` (its
+priorities moved by hundreds of orders of magnitude) is rebuilt with a new scale. Retired
+episodes (reuse limit reached) and evicted rows have leaf 0. The trees are caches of the
+episode table: writers mark rows dirty, and the next draw recomputes exactly those leaves
+(O(k log E)), so ``add`` stays O(1). The law is spelled twice, a screen apart: `leaf_values`
+(array code) and `refresh_leaves_loop` (compiled).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from lucid_replay import engine, sum_tree
+from lucid_replay.engine import Array
+from lucid_replay.table import EpisodeTable
+
+__all__: list[str] = []  # internal module
+
+_MAX_TREES = 8  # distinct spans kept at once; the least recently used tree is dropped beyond
+_TOTAL_RANGE = (2.0**-700, 2.0**700)  # leaves <= n_e <= 2**62 each after a rescale
+UNIFORM_TREE = np.empty(0, dtype=np.float64)  # a loop's optional priority input, absent
+
+
+def eligible_anchors(lengths: Array, span: int) -> Array:
+    """Number of anchors whose ``span``-step learning region fits in an episode, elementwise."""
+    anchors = lengths - (span - 1)
+    return anchors * (anchors > 0)  # max(anchors, 0) as numpy and torch both spell it
+
+
+class Trees:
+    """Sum trees over the rows of an `EpisodeTable`, one per ``(span, alpha)``, as caches.
+
+    Parameters
+    ----------
+    table
+        The episode table the trees index (rows ``id & (slots - 1)``).
+    unit
+        ``"chunk"`` or ``"episode"`` (see the module docstring).
+    reuse_limit
+        ``max_times_sampled``: an episode drawn this many times gets leaf 0 for good.
+    """
+
+    def __init__(self, table: EpisodeTable, unit: str, reuse_limit: int | None) -> None:
+        self.table = table
+        self.unit = unit
+        self.reuse_limit = reuse_limit
+        self._trees: OrderedDict[tuple[int, float | None], sum_tree.CachedTree] = OrderedDict()
+        self._generation = table.generation
+
+    # ------------------------------------------------------------------------ the cache
+    def mark_dirty(self, rows: int | torch.Tensor) -> None:
+        """Note that the leaves of ``rows`` must be recomputed before their next draw."""
+        for tree in self._trees.values():
+            tree.note(rows, self.table.row_count)
+
+    def mark_priorities_dirty(self, rows: torch.Tensor) -> None:
+        """Note that only the priorities of ``rows`` changed (uniform trees stay exact)."""
+        for (_, alpha), tree in self._trees.items():
+            if alpha is not None:
+                tree.note(rows, self.table.row_count)
+
+    def tree_bytes(self) -> int:
+        """Memory held by the cached trees (for reporting)."""
+        return sum(t.nodes.numel() * t.nodes.element_size() for t in self._trees.values())
+
+    def adopt(self, table: EpisodeTable) -> None:
+        """Follow a restored ``table`` (its trees are rebuilt on their next use)."""
+        self.table = table
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Forget every tree (after the table was reshaped or reloaded)."""
+        self._trees.clear()
+        self._generation = self.table.generation
+
+    def tree(self, span: int, alpha: float | None) -> torch.Tensor:
+        """The up-to-date tree for ``(span, alpha)`` (``None``: uniform), built on first use."""
+        return self.cached(span, alpha).nodes
+
+    def cached(self, span: int, alpha: float | None) -> sum_tree.CachedTree:
+        """The up-to-date `CachedTree` for ``(span, alpha)``.
+
+        Each tree refreshes only its own pending rows, and only when it is used, so adds and
+        updates cost nothing for trees a training loop is not drawing from right now.
+        """
+        if self._generation != self.table.generation:
+            self.invalidate()
+        key = (span, alpha)
+        cached = self._trees.get(key)
+        if cached is not None and cached.pending and not cached.stale:
+            total = self._refresh(cached, span, alpha)
+            low, high = _TOTAL_RANGE
+            if alpha is not None and not low <= total <= high:
+                cached.stale = True  # priorities moved far from the scale: rescale
+        if cached is None or cached.stale:
+            cached = self._build(span, alpha)
+            self._trees[key] = cached
+            if len(self._trees) > _MAX_TREES:
+                self._trees.popitem(last=False)
+        self._trees.move_to_end(key)
+        return cached
+
+    def mass(self, span: int, alpha: float | None) -> float:
+        """Total leaf mass for ``(span, alpha)`` at its tree's scale; zero: nothing eligible.
+
+        For the uniform tree (``alpha=None``) this is the number of eligible anchors
+        (``unit="chunk"``) or episodes (``unit="episode"``), O(1) amortised.
+        """
+        return self.cached(span, alpha).total()
+
+    def log_mass(self, span: int, alpha: float | None) -> float:
+        """``log`` of the unscaled total mass (``-inf`` when nothing is eligible).
+
+        Masses of several tables with the same ``alpha`` compare in this form whatever their
+        trees' scales: ``log sum_e n_e p_e^alpha`` for chunks.
+        """
+        cached = self.cached(span, alpha)
+        total = cached.total()
+        if total <= 0:
+            return -math.inf
+        return math.log(total) + (0.0 if alpha is None else alpha * math.log(cached.scale))
+
+    def _build(self, span: int, alpha: float | None) -> sum_tree.CachedTree:
+        """A tree over every row, scaled by the largest eligible priority (O(E))."""
+        rows = engine.view(torch.arange(self.table.row_count, device=self.table.device))
+        scale = 1.0
+        if alpha is not None:
+            eligible = self.leaf_values(rows, span, None, 1.0) > 0
+            if bool(eligible.any()):
+                scale = float(self.table.arrays["priority"][rows][eligible].max())
+        leaves = engine.tensor(self.leaf_values(rows, span, alpha, scale))
+        return sum_tree.CachedTree(sum_tree.build(leaves), scale)
+
+    # ------------------------------------------------------------------- the leaf law
+    def _refresh(self, cached: sum_tree.CachedTree, span: int, alpha: float | None) -> float:
+        """Recompute the leaves of ``cached``'s pending rows (O(k log E)); return its total."""
+        rows = cached.take_pending(self.table.device)
+        if not engine.compiled(rows):
+            leaves = self.leaf_values(rows, span, alpha, cached.scale)
+            sum_tree.assign_leaves(cached.nodes, rows, leaves)
+            return cached.total()
+        table, column = self.table, self.table.arrays
+        return float(
+            refresh_leaves_loop(
+                cached.array,
+                cached.levels,
+                rows,
+                column["episode_id"],
+                column["length"],
+                column["times_sampled"],
+                table.first_id,
+                table.next_id,
+                -1 if self.reuse_limit is None else self.reuse_limit,
+                span,
+                self.unit == "chunk",
+                UNIFORM_TREE if alpha is None else self._powered(rows, alpha, cached.scale),
+            )
+        )
+
+    def leaf_values(self, rows: Array, span: int, alpha: float | None, scale: float) -> Array:
+        """The leaf mass of table ``rows`` in the tree for ``(span, alpha)`` at ``scale``.
+
+        ``rows`` and the result are `engine` arrays; the mass is an integer, bool or float64
+        array, exact when stored in the float64 tree.
+        """
+        column = self.table.arrays
+        live = self.table.is_stored(column["episode_id"][rows])
+        if self.reuse_limit is not None:
+            live = live & (column["times_sampled"][rows] < self.reuse_limit)
+        count = eligible_anchors(column["length"][rows], span)
+        mass = count if self.unit == "chunk" else count > 0
+        if alpha is None:
+            return mass * live
+        # An overflow to inf makes `cached` rescale; rows that are not drawable (dead, or
+        # without an eligible anchor: 0 * inf) are zeroed by the mask.
+        with np.errstate(over="ignore", invalid="ignore"):
+            mass = mass * self._powered(rows, alpha, scale)
+        return engine.where(live & (count > 0), mass, 0.0)
+
+    def _powered(self, rows: Array, alpha: float, scale: float) -> Array:
+        """``(p / scale) ** alpha`` of table ``rows`` (an overflow to inf is no error)."""
+        with np.errstate(over="ignore"):
+            return (self.table.arrays["priority"][rows] / scale) ** alpha
+
+
+@engine.jit
+def refresh_leaves_loop(
+    tree: np.ndarray,
+    levels: int,
+    rows: np.ndarray,
+    episode_id: np.ndarray,
+    length: np.ndarray,
+    times_sampled: np.ndarray,
+    first_id: int,
+    next_id: int,
+    reuse_limit: int,
+    span: int,
+    per_anchor: bool,
+    powered: np.ndarray,
+) -> float:
+    """`Trees.leaf_values` of ``rows`` into their leaves, compiled; returns the new total.
+
+    The leaves' ancestors are recomputed as `sum_tree.refresh` does. A row is live when its
+    episode id is in ``[first_id, next_id)`` and, with a ``reuse_limit`` (``-1``: none), it
+    was drawn fewer times than that. Its mass is its count of eligible anchors for ``span``
+    (``per_anchor``) or 1 if it has any; a live row gets its mass, a dead one 0. For a
+    prioritized tree, ``powered[i]`` is ``(p / scale) ** alpha`` of ``rows[i]`` (computed by
+    the caller with numpy, whose power this does not reproduce), and a live row with an
+    eligible anchor gets ``mass * powered[i]``; ``powered`` is empty for a uniform tree.
+    """
+    leaf0 = tree.shape[0] // 2
+    weighted = powered.shape[0] > 0
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        live = first_id <= episode_id[row] < next_id
+        live &= reuse_limit < 0 or times_sampled[row] < reuse_limit
+        anchors = max(length[row] - (span - 1), 0)
+        mass = np.float64(anchors if per_anchor else min(anchors, 1))
+        if not weighted:
+            tree[leaf0 + row] = mass if live else 0.0
+        else:
+            tree[leaf0 + row] = mass * powered[i] if live and anchors > 0 else 0.0
+    for i in range(rows.shape[0]):
+        sum_tree.recompute_ancestors(tree, leaf0 + rows[i], levels)
+    return float(tree[1])
