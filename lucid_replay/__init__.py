@@ -12,6 +12,7 @@ from lucid_replay.episode import Episode
 from lucid_replay.errors import (
     CheckpointError,
     InvalidArgumentError,
+    InvalidTypeError,
     LucidReplayError,
     RateLimiterTimeout,
     ReuseLimitError,
@@ -31,6 +32,7 @@ __all__ = [
     "Episode",
     "EpisodeWriter",
     "InvalidArgumentError",
+    "InvalidTypeError",
     "LucidReplayError",
     "PrioritizedBatch",
     "PrioritizedSequenceReplay",

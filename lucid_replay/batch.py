@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import torch
 
+from lucid_replay.errors import wrong_kind
+
 if TYPE_CHECKING:
     from tensordict import TensorDictBase  # type: ignore[import-untyped]  # no py.typed
 
@@ -38,7 +40,7 @@ def record_positions(batch: object) -> tuple[torch.Tensor, torch.Tensor, torch.T
         steps = batch.starts.unsqueeze(1) + torch.arange(length, device=batch.starts.device)
         ids = batch.episode_ids.unsqueeze(1).expand_as(steps)
         return ids, steps, torch.ones_like(steps, dtype=torch.bool)
-    raise TypeError(f"batch must be a Batch or WindowBatch, got {type(batch).__name__}")
+    raise wrong_kind("batch", "a Batch or WindowBatch", type(batch).__name__)
 
 
 def _to_device(value: object, device: _DeviceLike, non_blocking: bool) -> object:

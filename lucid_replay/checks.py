@@ -146,7 +146,7 @@ def as_vector(param: str, values: Any, dtype: torch.dtype, device: torch.device)
         and tensor.numel()
         and (tensor.is_floating_point() or tensor.dtype == torch.bool)
     ):
-        raise TypeError(f"{param} must hold integers, got dtype {tensor.dtype}")
+        raise wrong_kind(param, "integers", f"dtype {tensor.dtype}")
     return tensor.to(device=device, dtype=dtype)
 
 

@@ -10,7 +10,7 @@ import attrs
 import numpy as np
 import torch
 
-from lucid_replay.errors import InvalidArgumentError, SchemaDtypeError
+from lucid_replay.errors import InvalidArgumentError, SchemaDtypeError, wrong_type
 from lucid_replay.schema import Schema
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def _numpy_views(steps: Mapping[str, torch.Tensor]) -> Mapping[str, np.ndarray] 
 def _as_flag(value: object) -> bool:
     """Accept Python and numpy booleans (as environments return them); refuse anything else."""
     if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"terminated must be a bool, got {value!r}")
+        raise wrong_type("terminated", "a bool", value)
     return bool(value)
 
 

@@ -1,9 +1,10 @@
 """Exceptions, and the one place that phrases a refusal.
 
-Every refusal in the package is phrased by `must` (or `must_have`), so that messages follow a
-single template (``"<param> must be <rule>, got <value!r>"``), and every error also subclasses
-the builtin a caller would naturally catch (``ValueError``, ``TypeError``, ``KeyError``). The
-checks that use them live in `lucid_replay.checks`.
+Every refusal in the package is phrased by `must`, `must_have`, `wrong_type` or `wrong_kind`,
+so that messages follow a single template (``"<param> must be <rule>, got <value!r>"``), and
+every error derives from `LucidReplayError` and also subclasses the builtin a caller would
+naturally catch (``ValueError``, ``TypeError``, ``KeyError``, ``TimeoutError``). The checks that
+use them live in `lucid_replay.checks`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 __all__ = [
     "CheckpointError",
     "InvalidArgumentError",
+    "InvalidTypeError",
     "LucidReplayError",
     "RateLimiterTimeout",
     "ReuseLimitError",
@@ -30,11 +32,15 @@ class InvalidArgumentError(LucidReplayError, ValueError):
     """An argument broke a documented rule (a range, a length, a finite value)."""
 
 
+class InvalidTypeError(LucidReplayError, TypeError):
+    """An argument has the wrong type or kind (a float id, a bool count, a mapping array)."""
+
+
 class SchemaError(LucidReplayError, ValueError):
     """An episode's fields or per-step shapes differ from the buffer's schema."""
 
 
-class SchemaDtypeError(LucidReplayError, TypeError):
+class SchemaDtypeError(InvalidTypeError):
     """An episode field has another dtype than the buffer's schema, or is not array-like."""
 
 
@@ -74,8 +80,8 @@ def must_have(param: str, rule: str, observed: str) -> InvalidArgumentError:
     return InvalidArgumentError(f"{param} must be {rule}, got {observed}")
 
 
-def wrong_type(param: str, rule: str, got: Any) -> TypeError:
-    """The ``TypeError`` for a ``param`` of the wrong kind, in the house template.
+def wrong_type(param: str, rule: str, got: Any) -> InvalidTypeError:
+    """The `InvalidTypeError` for a ``param`` of the wrong kind, in the house template.
 
     ``got`` is shown by its ``repr`` when that is short, else by its type's name.
     """
@@ -83,6 +89,6 @@ def wrong_type(param: str, rule: str, got: Any) -> TypeError:
     return wrong_kind(param, rule, shown if len(shown) <= 60 else f"a {type(got).__name__}")
 
 
-def wrong_kind(param: str, rule: str, observed: str) -> TypeError:
+def wrong_kind(param: str, rule: str, observed: str) -> InvalidTypeError:
     """As `wrong_type`, with ``observed`` already phrased (``"dtype torch.bool"``)."""
-    return TypeError(f"{param} must be {rule}, got {observed}")
+    return InvalidTypeError(f"{param} must be {rule}, got {observed}")

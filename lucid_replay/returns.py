@@ -8,7 +8,7 @@ import torch
 
 from lucid_replay.batch import WindowBatch
 from lucid_replay.checks import check_float, check_int
-from lucid_replay.errors import must
+from lucid_replay.errors import must, wrong_kind
 
 __all__ = ["n_step_returns"]
 
@@ -118,7 +118,7 @@ def n_step_returns(
             [ True, False, False, False]])
     """
     if not isinstance(batch, WindowBatch):
-        raise TypeError(f"batch must be a WindowBatch, got {type(batch).__name__}")
+        raise wrong_kind("batch", "a WindowBatch", type(batch).__name__)
     n = check_int("n", n, minimum=1)
     discount = check_float("discount", discount, minimum=0.0)
     if discount > 1:
@@ -127,7 +127,7 @@ def n_step_returns(
     for name, value in (("rewards", rewards), ("bootstrap_values", bootstrap_values)):
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
             what = getattr(value, "dtype", type(value).__name__)
-            raise TypeError(f"{name} must be a floating-point tensor, got {what}")
+            raise wrong_kind(name, "a floating-point tensor", str(what))
         if tuple(value.shape) != shape:
             raise must(name, f"of the batch's shape {list(shape)}", list(value.shape))
         if value.device != device:

@@ -15,7 +15,14 @@ import numpy as np
 import torch
 
 from lucid_replay.batch import PER_RECORD
-from lucid_replay.errors import SchemaDtypeError, SchemaError, must, must_have
+from lucid_replay.errors import (
+    SchemaDtypeError,
+    SchemaError,
+    must,
+    must_have,
+    wrong_kind,
+    wrong_type,
+)
 
 __all__: list[str] = []  # internal module
 
@@ -126,24 +133,22 @@ class Schema(Mapping[str, FieldSpec]):
             If a name is reserved or a dtype cannot be stored (see `check_storable`).
         """
         if not isinstance(fields, Mapping) or not fields:
-            raise TypeError(
-                f"schema must be a non-empty mapping of name -> (shape, dtype), got {fields!r}"
-            )
+            raise wrong_type("schema", "a non-empty mapping of name -> (shape, dtype)", fields)
         parsed: dict[str, FieldSpec] = {}
         for name, spec in fields.items():
             if not isinstance(name, str):
-                raise TypeError(f"schema names must be str, got {name!r}")
+                raise wrong_type("schema names", "str", name)
             try:
                 shape, dtype = spec
                 dims = tuple(shape)
             except (TypeError, ValueError):
-                raise TypeError(
-                    f"schema[{name!r}] must be a (shape tuple, torch dtype) pair, got {spec!r}"
+                raise wrong_type(
+                    f"schema[{name!r}]", "a (shape tuple, torch dtype) pair", spec
                 ) from None
             if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in dims):
                 raise must(f"schema[{name!r}] shape", "a tuple of ints >= 0", shape)
             if not isinstance(dtype, torch.dtype):
-                raise TypeError(f"schema[{name!r}] dtype must be a torch.dtype, got {dtype!r}")
+                raise wrong_type(f"schema[{name!r}] dtype", "a torch.dtype", dtype)
             parsed[name] = (dims, dtype)
         schema = cls(parsed)
         schema.check_storable()
@@ -269,7 +274,7 @@ class Schema(Mapping[str, FieldSpec]):
             raise must("name", f"a stored field {sorted(self)}", name)
         shape, dtype = self._fields[name]
         if not isinstance(values, torch.Tensor):
-            raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
+            raise wrong_kind("values", "a torch.Tensor", type(values).__name__)
         expected = (*leading, *shape)
         if tuple(values.shape) != expected:
             raise must("values", f"of shape {expected}", tuple(values.shape))
@@ -285,7 +290,7 @@ class Schema(Mapping[str, FieldSpec]):
     def from_state(cls, state: Any) -> Schema:
         """Parse `to_state` output; `ValueError`/`TypeError` for anything else."""
         if not isinstance(state, Mapping):
-            raise TypeError(f"schema must be a mapping, got {type(state).__name__}")
+            raise wrong_kind("schema", "a mapping", type(state).__name__)
         fields: dict[str, FieldSpec] = {}
         for name, entry in state.items():
             if not isinstance(name, str) or not isinstance(entry, list | tuple) or len(entry) != 2:

@@ -24,7 +24,7 @@ import torch
 from lucid_replay import engine
 from lucid_replay.batch import Batch, WindowBatch
 from lucid_replay.checks import as_vector
-from lucid_replay.errors import must
+from lucid_replay.errors import must, wrong_kind
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.window import Window
 
@@ -36,7 +36,7 @@ class ShardHooks:
 
     def __init__(self, buffer: PrioritizedSequenceReplay) -> None:
         if not isinstance(buffer, PrioritizedSequenceReplay):
-            raise TypeError(f"buffer must be a PrioritizedSequenceReplay, got {buffer!r}")
+            raise wrong_kind("buffer", "a PrioritizedSequenceReplay", type(buffer).__name__)
         self.buffer = buffer
 
     def log_mass(self, window: Window, *, prioritized: bool) -> float:

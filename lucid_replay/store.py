@@ -17,7 +17,7 @@ import torch
 from lucid_replay import engine
 from lucid_replay.checks import as_vector
 from lucid_replay.episode import Episode, host_views
-from lucid_replay.errors import UnknownEpisodeError, must
+from lucid_replay.errors import UnknownEpisodeError, must, wrong_kind, wrong_type
 from lucid_replay.records import Anchors
 from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
@@ -73,7 +73,7 @@ class EpisodeStore:
     def checked_schema(self, episode: object, schema: Schema | None) -> Schema:
         """The schema ``episode`` is stored under, after ``schema`` (None: the first)."""
         if not isinstance(episode, Episode):
-            raise TypeError(f"episode must be an Episode, got {type(episode).__name__}")
+            raise wrong_kind("episode", "an Episode", type(episode).__name__)
         if len(episode) > self.capacity:
             raise must("episode length", f"<= capacity ({self.capacity})", len(episode))
         if schema is None:
@@ -149,11 +149,11 @@ class EpisodeStore:
     def stored_id(self, episode_id: object) -> int:
         """``episode_id`` as an int if it is stored; `UnknownEpisodeError` otherwise."""
         if isinstance(episode_id, bool):
-            raise TypeError(f"episode_id must be an int, got {episode_id!r}")
+            raise wrong_type("episode_id", "an int", episode_id)
         try:
             number = operator.index(episode_id)  # type: ignore[arg-type]
         except TypeError:
-            raise TypeError(f"episode_id must be an int, got {episode_id!r}") from None
+            raise wrong_type("episode_id", "an int", episode_id) from None
         table = self.table
         if not table.first_id <= number < table.next_id:
             state = "was evicted" if 0 <= number < table.first_id else "was never issued"

@@ -19,7 +19,7 @@ import torch
 from lucid_replay import engine
 from lucid_replay.checks import check_int
 from lucid_replay.engine import Array
-from lucid_replay.errors import must, wrong_type
+from lucid_replay.errors import must, wrong_kind, wrong_type
 from lucid_replay.records import Anchors, RecordArrays, Records
 from lucid_replay.table import EpisodeTable
 
@@ -142,7 +142,7 @@ class Window:
 def check_window(window: object) -> None:
     """Refuse anything that is not a `Window`."""
     if not isinstance(window, Window):
-        raise TypeError(f"window must be a Window, got {type(window).__name__}")
+        raise wrong_kind("window", "a Window", type(window).__name__)
 
 
 class Layout(NamedTuple):

@@ -1,4 +1,4 @@
-"""The public API (STYLE.md, after griffe): exported once from `lucid_replay.__all__`, every
+"""The public API (after griffe): exported once from `lucid_replay.__all__`, every
 name documented, every public method documented, every name on an API reference page."""
 
 from __future__ import annotations

@@ -65,6 +65,8 @@ def _kernel_collapses() -> bool:
 
 @needs_thp
 def test_a_large_ring_field_asks_for_huge_pages_before_its_first_write() -> None:
+    """A ring field spanning whole huge pages is advised (its mapping shows the hg flag);
+    one smaller than a huge page is left alone."""
     ring = TransitionRing(1 << 20, torch.device("cpu"))
     ring.allocate({"obs": ((8,), torch.float32), "flag": ((), torch.bool)})
     obs = ring.fields["obs"]  # 32 MiB: whole huge pages inside
@@ -75,6 +77,7 @@ def test_a_large_ring_field_asks_for_huge_pages_before_its_first_write() -> None
 
 @needs_thp
 def test_a_buffer_samples_the_same_data_from_advised_memory() -> None:
+    """A buffer whose ring is on advised memory stores and returns the same data."""
     buffer = SequenceReplay(1 << 19, seed=0)
     obs = torch.arange(600 * 16, dtype=torch.float32).reshape(600, 16)
     buffer.add(Episode({"obs": obs}))
@@ -84,6 +87,7 @@ def test_a_buffer_samples_the_same_data_from_advised_memory() -> None:
 
 
 def test_advice_is_skipped_for_small_and_non_cpu_tensors() -> None:
+    """Tensors smaller than a huge page, or not on the CPU, get no advice."""
     assert hugepages.advise(torch.empty(16)) is False
     assert hugepages.advise(torch.empty(1 << 22, device="meta")) is False
 
@@ -91,6 +95,7 @@ def test_advice_is_skipped_for_small_and_non_cpu_tensors() -> None:
 def test_without_madvise_a_ring_is_allocated_and_nothing_is_advised(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Where the C library has no madvise, rings allocate as usual and nothing is advised."""
     monkeypatch.setattr(hugepages, "_madvise", lambda: None)
     ring = TransitionRing(1 << 20, torch.device("cpu"))
     ring.allocate({"obs": ((8,), torch.float32)})
@@ -99,6 +104,8 @@ def test_without_madvise_a_ring_is_allocated_and_nothing_is_advised(
 
 
 def test_a_refused_advice_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused madvise returns False (no error, no collapse), and the advice covered
+    exactly the whole huge pages inside the tensor."""
     calls: list[tuple[int, int, int]] = []
 
     def refuse(start: int, length: int, advice: int) -> int:
@@ -136,6 +143,7 @@ def test_memory_faulted_in_before_the_advice_is_collapsed_into_huge_pages() -> N
 def test_no_collapse_is_asked_for_where_huge_pages_are_turned_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The collapse follows the advice only where huge pages are not turned off."""
     calls: list[int] = []
 
     def accept(start: int, length: int, advice: int) -> int:

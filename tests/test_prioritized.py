@@ -570,7 +570,7 @@ def test_update_priorities_refuses_non_vectors(shape: tuple[int, ...]) -> None:
 def test_update_priorities_refuses_float_ids() -> None:
     """Float ids are a dtype mismatch: TypeError, nothing updated."""
     buffer, ids = _buffer(lengths=[4, 4], errors=None)
-    with pytest.raises(TypeError, match=r"indices must hold integers"):
+    with pytest.raises(TypeError, match=r"indices must be integers, got dtype"):
         buffer.update_priorities([float(ids[0])], [3.0])
     assert buffer.priorities.tolist() == [1.0, 1.0]
 
