@@ -1,7 +1,9 @@
 """Distributed R2D2 on partially observable CartPole: Ray collectors, a sharded replay, a learner.
 
-The task, the network and the learning rule are those of ``examples/r2d2_cartpole.py``
-(imported from it); what changes is the topology, as in R2D2 and Ape-X:
+The task, the network and the learning rule are those of ``examples/r2d2_cartpole.py``,
+imported from it rather than copied (the one file this example reads beside its own, so that
+the two stay one algorithm; read that one first). What changes is the topology, as in R2D2
+and Ape-X:
 
 * ``num_collectors`` Ray actors each step their own vector of environments with their own
   copy of the policy, refreshed from the learner every ``sync_every`` steps through a small

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import warnings
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,16 +30,31 @@ from torchrl.objectives import DQNLoss, SoftUpdate
 from lucid_replay import PrioritizedSequenceReplay, TrajectoryAssembler
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--frames", type=int, default=40_000, help="environment steps")
-    parser.add_argument("--frames-per-batch", type=int, default=100, help="collector batch")
-    parser.add_argument("--batch-size", type=int, default=128, help="transitions per update")
-    parser.add_argument("--updates-per-batch", type=int, default=25)
-    parser.add_argument("--learning-starts", type=int, default=1_000)
-    parser.add_argument("--eval-episodes", type=int, default=5)
-    return parser.parse_args()
+def setting(default: Any, help: str) -> Any:
+    """A dataclass field whose help text doubles as the ``--help`` line."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class Args:
+    seed: int = setting(0, "seed for torch, the environments and the replay")
+    frames: int = setting(40_000, "environment steps to collect")
+    frames_per_batch: int = setting(100, "steps per collector batch")
+    batch_size: int = setting(128, "one-step chunks per update")
+    updates_per_batch: int = setting(25, "gradient steps per collector batch")
+    learning_starts: int = setting(1_000, "stored steps before the first update")
+    eval_episodes: int = setting(5, "greedy episodes for the final evaluation")
+
+
+def parse_args() -> Args:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for f in fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, type=type(f.default), default=f.default, help=f.metadata["help"])
+    return Args(**vars(parser.parse_args()))
 
 
 def make_env(seed: int) -> TransformedEnv:
