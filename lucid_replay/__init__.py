@@ -11,6 +11,7 @@ from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.episode import Episode
 from lucid_replay.errors import (
     CheckpointError,
+    EpisodesNotStoredError,
     InvalidArgumentError,
     LucidReplayError,
     RateLimiterTimeout,
@@ -30,6 +31,7 @@ __all__ = [
     "CheckpointError",
     "Episode",
     "EpisodeWriter",
+    "EpisodesNotStoredError",
     "InvalidArgumentError",
     "LucidReplayError",
     "PrioritizedBatch",
