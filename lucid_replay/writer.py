@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from lucid_replay.checks import check_int
-from lucid_replay.columns import Column, PageTable, as_batch, as_flags
+from lucid_replay.columns import Column, PageTable, as_batch, as_flags, check_fields, per_env_spec
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must
+from lucid_replay.errors import must, wrong_kind
 
 __all__ = ["EpisodeWriter"]
 
@@ -68,11 +68,26 @@ class EpisodeWriter:
     The first ``reset`` fixes the observation fields, the first ``step`` the others; later
     calls must pass the same names, per-env shapes and dtypes. Dtypes are kept as given
     (gymnasium's rewards are ``float64``: cast them, or declare the buffer's schema, to store
-    ``float32``). Every call validates all of its input first: a refused call stores nothing
-    and leaves the writer unchanged. If ``buffer.add`` raises, the call's episodes not yet
-    stored are dropped (counted in `stats`) and the error propagates. Open episodes are held
-    in a pool of pages shared by the envs, so memory follows the records open; `flush` cuts
-    episodes that never end. One writer per collector thread.
+    ``float32``). The calls that fix fields also check them against what a buffer stores, so
+    that a layout no episode could be stored under is refused at once, not at every
+    episode's end: a field named like a per-record entry of a window batch (``is_init``,
+    ...) or of a dtype no buffer stores (``uint16``: `SchemaError`, `SchemaDtypeError`); and,
+    when ``buffer`` has a non-None ``schema`` mapping (declared, or fixed by an earlier
+    episode), a field it lacks, a field of it that no step passes, another per-step shape,
+    or a dtype that does not cast to its dtype by numpy's ``same_kind`` rule. Whether a
+    dtype must be exact or may be cast is left to the buffer's ``add``.
+
+    Every call validates all of its input first: a refused call stores nothing and leaves
+    the writer unchanged. Values are numpy arrays or tensors (lists of numbers are accepted
+    too); tuples (gymnasium ``Tuple`` spaces), nested dicts, tensors without dense data
+    (sparse, ``meta``, quantized, nested) and dtypes torch cannot hold are refused
+    (``TypeError``), since an `Episode` could not be built from them.
+
+    If ``buffer.add`` raises, the call's episodes not yet stored are dropped (counted in
+    `stats`) and the error propagates.
+
+    Open episodes are held in a pool of pages shared by the envs, so memory follows the
+    records open; `flush` cuts episodes that never end. One writer per collector thread.
 
     Examples
     --------
@@ -164,7 +179,10 @@ class EpisodeWriter:
         TypeError, InvalidArgumentError
             For a non-bool mask or one not of shape ``[num_envs]``, an observation of another
             leading size, or one whose names, per-env shapes or dtypes differ from the first;
-            a dict key named like another field (``action``, ``reward``, an extra field).
+            a dict key named like another field (``action``, ``reward``, an extra field); a
+            tuple, a nested dict, or a value an `Episode` cannot hold (see the class notes).
+        SchemaError, SchemaDtypeError
+            At the first reset, for observation fields no episode could be stored under.
         """
         mask = (
             np.ones(self._num_envs, dtype=np.bool_)
@@ -175,6 +193,9 @@ class EpisodeWriter:
         for name in obs:
             if name in _STEP_NAMES or (self._fields is not None and name in self._fields):
                 raise must("observation keys", "distinct from the other fields", name)
+        if self._obs is None:
+            specs = {name: per_env_spec(value) for name, value in obs.items()}
+            check_fields(specs, self._buffer_schema(), complete=False)
         cut = np.flatnonzero(mask & (self._state == _OPEN) & (self._length > 0))
         episodes = [self._episode(int(i), terminated=False) for i in cut]
         if self._obs is None:
@@ -222,13 +243,16 @@ class EpisodeWriter:
             Before any `reset`; for an env with no open episode (``"disabled"``: one that
             ended and was not reset); for any value of another leading size, a non-bool flag,
             a field name that collides with an observation field, a field set, per-env shape
-            or dtype other than the first step's, or a missing ``info["final_obs"]``.
+            or dtype other than the first step's, or a missing ``info["final_obs"]``; a
+            tuple, a nested dict, or a value an `Episode` cannot hold (see the class notes).
+        SchemaError, SchemaDtypeError
+            At the first step, for fields no episode could be stored under.
         """
         columns = self._obs
         if columns is None:
             raise must("step", "called after a first reset(observation)", "no reset yet")
         if info is not None and not isinstance(info, Mapping):
-            raise TypeError(f"info must be a dict or None, got {type(info).__name__}")
+            raise wrong_kind("info", "a dict or None", f"a {type(info).__name__}")
         given = {"action": action, "reward": reward, **fields}
         values = {name: as_batch(name, value, self._num_envs) for name, value in given.items()}
         terminal = as_flags("terminated", terminated, self._num_envs)
@@ -249,16 +273,20 @@ class EpisodeWriter:
         rows = np.flatnonzero(self._state == _OPEN)
         ended &= self._state == _OPEN
         finals = self._final_observations(columns, info, np.flatnonzero(ended))
+        layout = self._fields
+        if layout is None:
+            specs = {name: per_env_spec(value) for name, value in {**obs, **values}.items()}
+            check_fields(specs, self._buffer_schema(), complete=True)
+            layout = {n: Column(n, v, self._pages.slots) for n, v in values.items()}
         # Everything is valid: from here on, the call changes state.
-        if self._fields is None:
-            self._fields = {n: Column(n, v, self._pages.slots) for n, v in values.items()}
         steps = self._length[rows]
         if self._pages.reserve(rows, steps + 1):
-            for column in [*columns.values(), *self._fields.values()]:
+            for column in [*columns.values(), *layout.values()]:
                 column.grow(self._pages.slots)
         slots = self._pages.slot(rows, steps)
-        for name, column in self._fields.items():
+        for name, column in layout.items():
             column.write(slots, values[name], rows)
+        self._fields = layout
         self._length[rows] += 1
         slots = self._pages.slot(rows, steps + 1)
         for name, column in columns.items():
@@ -380,6 +408,11 @@ class EpisodeWriter:
         for name, column in (self._fields or {}).items():
             steps[name] = column.take(slots, zero_last=True)
         return Episode(steps, terminated=terminated)
+
+    def _buffer_schema(self) -> Any:
+        """The buffer's ``schema`` mapping, if it has one now (else None)."""
+        schema = getattr(self._buffer, "schema", None)
+        return schema if isinstance(schema, Mapping) else None
 
     def _add(self, episodes: list[Episode], *, flushed: bool) -> list[int]:
         """Offer ``episodes`` to the buffer in order; count what was stored and dropped."""
