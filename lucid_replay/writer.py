@@ -11,7 +11,7 @@ import numpy as np
 from lucid_replay.checks import check_int
 from lucid_replay.columns import Column, PageTable, as_batch, as_flags, check_fields, per_env_spec
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must, wrong_kind
+from lucid_replay.errors import EpisodesNotStoredError, must, wrong_kind
 
 __all__ = ["EpisodeWriter"]
 
@@ -83,8 +83,16 @@ class EpisodeWriter:
     (sparse, ``meta``, quantized, nested) and dtypes torch cannot hold are refused
     (``TypeError``), since an `Episode` could not be built from them.
 
-    If ``buffer.add`` raises, the call's episodes not yet stored are dropped (counted in
-    `stats`) and the error propagates.
+    The buffer may still refuse an episode (another writer fixed other fields first, the
+    episode is longer than its capacity, a remote buffer timed out, ...). Every episode the
+    call finished is offered to it, in env order; if any ``add`` raised, the call then
+    raises `EpisodesNotStoredError` (a ``ValueError``) ``from`` the first such error,
+    carrying the ids that were stored and, by env, the buffer's errors and the refused
+    episodes, which are counted in ``stats()["episodes_dropped"]``. The writer has then
+    advanced as for a successful call: the envs keep collecting, and the call must not be
+    repeated (its steps would be recorded twice). An exception that is not an ``Exception``
+    (``KeyboardInterrupt``) propagates at once; the episodes not yet offered are dropped and
+    counted.
 
     Open episodes are held in a pool of pages shared by the envs, so memory follows the
     records open; `flush` cuts episodes that never end. One writer per collector thread.
@@ -183,6 +191,8 @@ class EpisodeWriter:
             tuple, a nested dict, or a value an `Episode` cannot hold (see the class notes).
         SchemaError, SchemaDtypeError
             At the first reset, for observation fields no episode could be stored under.
+        EpisodesNotStoredError
+            If the buffer refused an episode this reset cut (see the class notes).
         """
         mask = (
             np.ones(self._num_envs, dtype=np.bool_)
@@ -204,7 +214,7 @@ class EpisodeWriter:
                 name: Column(name, value, self._pages.slots) for name, value in obs.items()
             }
         self._start(np.flatnonzero(mask), obs)
-        return self._add(episodes, flushed=True)
+        return self._add(cut, episodes, flushed=True)
 
     def step(
         self,
@@ -247,6 +257,8 @@ class EpisodeWriter:
             tuple, a nested dict, or a value an `Episode` cannot hold (see the class notes).
         SchemaError, SchemaDtypeError
             At the first step, for fields no episode could be stored under.
+        EpisodesNotStoredError
+            If the buffer refused an episode this step ended (see the class notes).
         """
         columns = self._obs
         if columns is None:
@@ -305,7 +317,7 @@ class EpisodeWriter:
             self._state[done] = _PENDING
         else:
             self._state[done] = _AWAITING
-        return self._add(episodes, flushed=False)
+        return self._add(done, episodes, flushed=False)
 
     def flush(self) -> list[int]:
         """Store every open episode with at least one step as truncated; return their ids.
@@ -313,7 +325,8 @@ class EpisodeWriter:
         Each is stored as ``T + 1`` records, the last holding the observation the env has
         reached, with ``terminated=False``. The env keeps collecting: its next episode starts
         at that observation (no step is lost or stored twice). Use it to end a collection
-        phase or to cut episodes that would otherwise never end.
+        phase or to cut episodes that would otherwise never end. Raises
+        `EpisodesNotStoredError` if the buffer refused some of them (see the class notes).
         """
         rows = np.flatnonzero((self._state == _OPEN) & (self._length > 0))
         episodes = [self._episode(int(i), terminated=False) for i in rows]
@@ -322,7 +335,7 @@ class EpisodeWriter:
             column.move(first, current)
         self._pages.release(rows)
         self._length[rows] = 0
-        return self._add(episodes, flushed=True)
+        return self._add(rows, episodes, flushed=True)
 
     def close(self) -> list[int]:
         """`flush`, then end the stream: every env needs a `reset` before its next step.
@@ -414,16 +427,28 @@ class EpisodeWriter:
         schema = getattr(self._buffer, "schema", None)
         return schema if isinstance(schema, Mapping) else None
 
-    def _add(self, episodes: list[Episode], *, flushed: bool) -> list[int]:
-        """Offer ``episodes`` to the buffer in order; count what was stored and dropped."""
-        ids = []
-        for index, episode in enumerate(episodes):
+    def _add(self, envs: np.ndarray, episodes: list[Episode], *, flushed: bool) -> list[int]:
+        """Offer each episode (of env ``envs[k]``) to the buffer; count stored and dropped.
+
+        Raises `EpisodesNotStoredError` after the last one if any ``add`` raised.
+        """
+        ids: list[int] = []
+        refused: dict[int, Exception] = {}
+        kept: dict[int, Episode] = {}
+        for index, (env, episode) in enumerate(zip(envs.tolist(), episodes, strict=True)):
             try:
                 ids.append(self._buffer.add(episode))
+            except Exception as error:  # reported below, with the stored ids
+                refused[env], kept[env] = error, episode
+                self._counts["episodes_dropped"] += 1
+                continue
             except BaseException:
                 self._counts["episodes_dropped"] += len(episodes) - index
                 raise
             self._counts["episodes_added"] += 1
             self._counts["records_added"] += len(episode)
             self._counts["episodes_flushed"] += int(flushed)
+        if refused:
+            failure = EpisodesNotStoredError.of(ids, refused, kept, label="env")
+            raise failure from next(iter(refused.values()))
         return ids

@@ -500,25 +500,110 @@ def test_long_episodes_grow_past_the_initial_capacity():
     assert flat(buffer.episodes[1]) == [10, *range(11, 311)]
 
 
-def test_a_failing_buffer_add_drops_counts_and_propagates():
-    """When buffer.add raises, the call's unstored episodes are counted as dropped, the error
-    propagates, and the writer keeps following the environment."""
+class Refusing(ListBuffer):
+    """A duck buffer that refuses the episodes whose first observation is in ``refuse``."""
 
-    class Refusing(ListBuffer):
-        def add(self, episode):
-            if len(episode) == 2:
-                raise ValueError("refused")
-            return super().add(episode)
+    def __init__(self, refuse, error=ValueError):
+        super().__init__()
+        self.refuse, self.error, self.offered = set(refuse), error, []
 
-    buffer = Refusing()
+    def add(self, episode):
+        first = float(episode["observation"][0, 0])
+        self.offered.append(first)
+        if first in self.refuse:
+            raise self.error(f"episode at {first} refused")
+        return super().add(episode)
+
+
+def test_a_refused_episode_does_not_drop_the_other_envs_episodes():
+    """When the buffer refuses one env's episode, the call still offers and stores the other
+    envs' episodes, then raises EpisodesNotStoredError from the buffer's error with the ids
+    it issued (env order) and the refused env's error and episode; the writer advances as
+    for a successful call, so nothing is lost, counted twice or stored twice."""
+    buffer = Refusing(refuse={10.0})
+    writer, _ = scripted(num_envs=3, buffer=buffer)
+    with pytest.raises(lucid_replay.EpisodesNotStoredError) as caught:
+        step(writer, [1, 2, 3], [1, 11, 21], terminated=[0, 1, 2])
+    error = caught.value
+    assert isinstance(error, ValueError) and isinstance(error, lucid_replay.LucidReplayError)
+    assert error.stored_ids == [100, 101]
+    assert list(error.refused) == [1] and error.__cause__ is error.refused[1]
+    assert str(error.refused[1]) == "episode at 10.0 refused"
+    assert flat(error.episodes[1]) == [10, 11] and error.episodes[1].terminated
+    assert re.fullmatch(
+        r"buffer must accept every episode this call finished, got 1 of 3 refused "
+        r"\(env 1: ValueError: episode at 10.0 refused\); stored ids \[100, 101\]",
+        str(error),
+    )
+    assert [flat(e) for e in buffer.episodes] == [[0, 1], [20, 21]]
+    stats = writer.stats()
+    assert (stats["episodes_added"], stats["episodes_dropped"], stats["steps"]) == (2, 1, 3)
+    assert step(writer, [4, 5, 6], [30, 40, 50]) == []  # next_step: all three restart
+    assert step(writer, [7, 8, 9], [31, 41, 51], terminated=[1]) == [102]
+    assert writer.flush() == [103, 104]
+    assert [flat(e) for e in buffer.episodes[2:]] == [[40, 41], [30, 31], [50, 51]]
+    assert buffer.offered == [0.0, 10.0, 20.0, 40.0, 30.0, 50.0]  # each episode offered once
+
+
+def test_a_real_buffer_refusing_a_too_long_episode_keeps_the_others():
+    """A SequenceReplay refusing an episode longer than its capacity: the other env's
+    episode of the same call is stored and its id reported; the refused one is dropped."""
+    buffer = SequenceReplay(capacity=3)
     writer, _ = scripted(buffer=buffer)
-    with pytest.raises(ValueError, match="refused"):
+    assert step(writer, [1, 2], [1, 11], terminated=[1]) == [0]
+    step(writer, [3, 4], [2, 20])  # env 1 restarts
+    with pytest.raises(lucid_replay.EpisodesNotStoredError, match=r"env 0: Invalid") as caught:
+        step(writer, [5, 6], [3, 21], terminated=[0, 1])
+    assert caught.value.stored_ids == [1] and list(caught.value.refused) == [0]
+    assert isinstance(caught.value.__cause__, lucid_replay.InvalidArgumentError)
+    assert len(caught.value.episodes[0]) == 4
+    assert buffer[1]["observation"].flatten().tolist() == [20.0, 21.0]
+    assert writer.stats()["episodes_dropped"] == 1 and writer.stats()["open_episodes"] == 0
+
+
+def test_refusals_in_reset_and_flush_are_reported_the_same_way():
+    """Episodes cut by reset or flush that the buffer refuses are reported as by step: the
+    others are stored, the writer advances, and the cut envs start their next episode."""
+    buffer = Refusing(refuse={0.0})
+    writer, _ = scripted(buffer=buffer)
+    step(writer, [1, 2], [1, 11])
+    with pytest.raises(lucid_replay.EpisodesNotStoredError) as caught:
+        writer.reset(obs(5, 15))
+    assert caught.value.stored_ids == [100] and list(caught.value.refused) == [0]
+    assert writer.stats()["open_steps"] == 0 and writer.stats()["episodes_flushed"] == 1
+    buffer.refuse = {5.0, 15.0}
+    step(writer, [3, 4], [6, 16])
+    with pytest.raises(lucid_replay.EpisodesNotStoredError) as caught:
+        writer.flush()
+    assert caught.value.stored_ids == [] and list(caught.value.refused) == [0, 1]
+    assert writer.stats()["episodes_dropped"] == 3
+    buffer.refuse = set()
+    step(writer, [5, 6], [7, 17])
+    assert writer.flush() == [101, 102]
+    assert [flat(e) for e in buffer.episodes[1:]] == [[6, 7], [16, 17]]
+
+
+def test_a_keyboard_interrupt_in_add_propagates_at_once():
+    """A BaseException that is not an Exception is not collected: it propagates from the
+    first add, the later episodes are not offered, and all of them count as dropped."""
+    buffer = Refusing(refuse={0.0}, error=KeyboardInterrupt)
+    writer, _ = scripted(buffer=buffer)
+    with pytest.raises(KeyboardInterrupt):
         step(writer, [1, 2], [1, 11], terminated=[0, 1])
-    assert writer.stats()["episodes_dropped"] == 2 and buffer.episodes == []
-    step(writer, [3, 4], [20, 30])  # both reset (next_step)
-    step(writer, [5, 6], [21, 31])
-    step(writer, [7, 8], [22, 32], terminated=[0])
-    assert flat(buffer.episodes[0]) == [20, 21, 22]
+    assert buffer.offered == [0.0] and writer.stats()["episodes_dropped"] == 2
+
+
+def test_episodes_not_stored_error_pickles_with_its_reports():
+    """The error survives pickling (a process pool, a queue) with its message and reports."""
+    import pickle
+
+    buffer = Refusing(refuse={0.0})
+    writer, _ = scripted(buffer=buffer)
+    with pytest.raises(lucid_replay.EpisodesNotStoredError) as caught:
+        step(writer, [1, 2], [1, 11], terminated=[0, 1])
+    copied = pickle.loads(pickle.dumps(caught.value))
+    assert str(copied) == str(caught.value) and copied.stored_ids == [100]
+    assert list(copied.refused) == [0] and flat(copied.episodes[0]) == [0, 1]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
