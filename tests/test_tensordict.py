@@ -163,11 +163,22 @@ def test_from_tensordict_refuses_an_episode_end_before_the_last_step(flag):
             TypeError,
             r"^td\[\('next', 'done'\)\] must be a bool tensor, got torch\.float32$",
         ),
+        (
+            TensorDict({("next", ""): torch.zeros(3), "obs": torch.zeros(3)}, batch_size=[3]),
+            InvalidArgumentError,
+            r"^td key \('next', ''\) must be made of non-empty parts \(joined by '\.' into "
+            r"the field name\), got \('next', ''\)$",
+        ),
+        (
+            TensorDict({"": torch.zeros(3)}, batch_size=[3]),
+            InvalidArgumentError,
+            r"^td key '' must be made of non-empty parts",
+        ),
     ],
 )
 def test_from_tensordict_refuses_what_is_not_one_trajectory(td, error, message):
-    """Not a TensorDict, no single time dimension, T == 0, no entries, a '.' in a key, a
-    non-bool flag: refused, naming td."""
+    """Not a TensorDict, no single time dimension, T == 0, no entries, a '.' in a key or an
+    empty key part (neither would nest back), a non-bool flag: refused, naming td."""
     with pytest.raises(error, match=message):
         Episode.from_tensordict(td)
 
