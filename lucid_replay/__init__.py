@@ -11,6 +11,7 @@ from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.episode import Episode
 from lucid_replay.errors import (
     CheckpointError,
+    EpisodesNotStoredError,
     InvalidArgumentError,
     InvalidTypeError,
     LucidReplayError,
@@ -31,6 +32,7 @@ __all__ = [
     "CheckpointError",
     "Episode",
     "EpisodeWriter",
+    "EpisodesNotStoredError",
     "InvalidArgumentError",
     "InvalidTypeError",
     "LucidReplayError",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must
+from lucid_replay.errors import EpisodesNotStoredError, must
 from lucid_replay.tensordict import (
     NestedKey,
     check_tensordict,
@@ -63,10 +63,22 @@ class TrajectoryAssembler:
     are refused: use the default contiguous layout. The episodes one call finishes are stored
     in the order they finished (by step, then row).
 
-    Open trajectories are kept as copies, so the collector may reuse its output tensors;
-    `flush` stores them as truncated. A call whose input is refused, or whose episodes the
-    buffer's ``extend`` refuses, changes nothing. Not thread-safe: feed one assembler from one
-    thread.
+    Open trajectories are kept as copies, and finished episodes own their memory too (a
+    buffer that keeps the `Episode` objects, or a queue to another process, is safe), so the
+    collector may reuse its output tensors; `flush` stores the open ones as truncated. A
+    batch with no steps (batch dims ``[0]``, ``[N, 0]``, ``[0, T]``) is checked and changes
+    nothing.
+
+    A call whose input is refused, or whose episodes the buffer's ``extend`` refuses (it
+    stores all or none), changes nothing: the call can be repeated. A buffer with ``add``
+    only is offered every finished episode in turn; if any ``add`` raised, the call raises
+    `EpisodesNotStoredError` (a ``ValueError``) after the last one, ``from`` the first such
+    error, with the ids stored and, keyed by the episode's position in the call's order,
+    the buffer's errors and the refused episodes. That call has been taken: its finished
+    trajectories are closed and its open ones carried on as for a successful call, so pass
+    the next batch, not this one again (that would store its episodes twice). An exception
+    that is not an ``Exception`` (``KeyboardInterrupt``) propagates at once, with the
+    episodes not yet offered lost. Not thread-safe: feed one assembler from one thread.
 
     Examples
     --------
@@ -131,9 +143,13 @@ class TrajectoryAssembler:
             (a ``ValueError``) for batch dims other than ``[T]`` / ``[N, T]``, a missing key,
             an id continued across rows or back without a done, keys that differ from the
             earlier batches of a trajectory, or an episode `Episode.from_tensordict` refuses.
+        EpisodesNotStoredError
+            If a buffer without ``extend`` refused some of the episodes (see the class notes).
         """
         module = check_tensordict("td", td)
         flat, runs = self._runs(td)
+        if flat is None:
+            return []  # no steps
         still_open, opened = dict(self._open), set()
         finished: list[tuple[tuple[int, int], Episode]] = []
         for traj, start, stop, done, order in runs:
@@ -146,14 +162,16 @@ class TrajectoryAssembler:
             piece = flat[start:stop].exclude(*self._exclude)
             pieces = [*still_open.get(traj, []), piece]
             if done:
-                finished.append((order, _assemble(module, traj, pieces, None)))
+                # one piece is a view of the batch: copy it, as `cat` copies several
+                whole = [piece.clone()] if len(pieces) == 1 else pieces
+                finished.append((order, _assemble(module, traj, whole, None)))
                 still_open.pop(traj, None)
             else:
                 still_open[traj] = [*pieces[:-1], piece.clone()]
                 opened.add(traj)
-        ids = self._store([episode for _, episode in sorted(finished, key=lambda f: f[0])])
-        self._open = still_open
-        return ids
+        return self._store(
+            [episode for _, episode in sorted(finished, key=lambda f: f[0])], still_open
+        )
 
     def flush(self) -> list[int]:
         """Store every open trajectory as a truncated episode (``terminated=False``).
@@ -166,20 +184,36 @@ class TrajectoryAssembler:
             return []
         module = require_tensordict()
         episodes = [_assemble(module, t, pieces, False) for t, pieces in self._open.items()]
-        ids = self._store(episodes)
-        self._open = {}
-        return ids
+        return self._store(episodes, {})
 
-    def _store(self, episodes: list[Episode]) -> list[int]:
-        if not episodes:
-            return []
+    def _store(
+        self, episodes: list[Episode], still_open: dict[int, list[TensorDictBase]]
+    ) -> list[int]:
+        """Store ``episodes``, then (or, without ``extend``, first) keep ``still_open``."""
         extend = getattr(self._buffer, "extend", None)
         if callable(extend):
-            return list(extend(episodes))
-        return [self._buffer.add(episode) for episode in episodes]
+            issued = list(extend(episodes)) if episodes else []
+            self._open = still_open
+            return issued
+        self._open = still_open  # one add at a time cannot be undone: the call is taken
+        stored: list[int] = []
+        refused: dict[int, Exception] = {}
+        for position, episode in enumerate(episodes):
+            try:
+                stored.append(self._buffer.add(episode))
+            except Exception as error:  # reported below, with the stored ids
+                refused[position] = error
+        if refused:
+            kept = {position: episodes[position] for position in refused}
+            failure = EpisodesNotStoredError.of(stored, refused, kept, label="episode")
+            raise failure from next(iter(refused.values()))
+        return stored
 
-    def _runs(self, td: TensorDictBase) -> tuple[TensorDictBase, list[_Run]]:
-        """The flat (row-major) steps of ``td`` and their runs (see `_Run`)."""
+    def _runs(self, td: TensorDictBase) -> tuple[TensorDictBase | None, list[_Run]]:
+        """The flat (row-major) steps of ``td`` and their runs (see `_Run`), or None, [].
+
+        None for a batch with no steps, after checking its keys.
+        """
         if td.get(("collector", "mask"), None) is not None:
             raise must("td", "contiguous (split_trajs=False)", "a ('collector', 'mask') entry")
         if td.batch_dims not in (1, 2):
@@ -187,9 +221,9 @@ class TrajectoryAssembler:
         shape = (1, *td.batch_size) if td.batch_dims == 1 else tuple(td.batch_size)
         ids = self._entry(td, self._traj_key, shape, ids=True)
         done = self._entry(td, self._done_key, shape, ids=False)
-        flat = td.reshape(-1)
         if ids.numel() == 0:
-            return flat, []
+            return None, []  # tensordict cannot reshape a batch of no steps
+        flat = td.reshape(-1)
         new = torch.ones_like(done)
         new[1:] = (ids[1:] != ids[:-1]) | done[:-1]
         new[:: shape[1]] = True  # each row is a stream of its own

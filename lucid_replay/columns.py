@@ -5,19 +5,22 @@ all envs (as a paged KV cache does): each field is one ``[pages * page_size, ...
 a `PageTable` says which pages hold env ``i``'s records, in order. A vector step then writes
 one record of every collecting env with one indexed assignment, a finished episode leaves as
 one gather, and memory follows the records actually open (an env in a long episode does not
-make every env reserve that length). No Python loop runs over steps. This module imports only
-errors from lucid_replay.
+make every env reserve that length). No Python loop runs over steps. The checks every value
+passes before the writer changes state live here too. This module imports only errors and
+schema from lucid_replay.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from lucid_replay.errors import must
+from lucid_replay.errors import SchemaDtypeError, SchemaError, must, wrong_kind
+from lucid_replay.schema import FieldSpec, Schema, casts_same_kind
 
 __all__: list[str] = []  # internal module
 
@@ -29,31 +32,118 @@ def _zeros(like: Any, shape: tuple[int, ...]) -> Any:
     return np.zeros(shape, dtype=like.dtype)
 
 
-def as_batch(param: str, value: Any, num_envs: int) -> Any:
-    """``value`` as a numpy array or a detached tensor with leading size ``num_envs``."""
+@functools.lru_cache(maxsize=64)
+def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype | None:
+    """The torch dtype numpy ``dtype`` becomes in an `Episode`, or None if it has none.
+
+    None for ``longdouble`` or a non-native byte order, which ``torch.from_numpy`` refuses.
+    """
+    try:
+        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    except (TypeError, ValueError):
+        return None
+
+
+def as_array(param: str, value: Any) -> Any:
+    """``value`` as a numpy array or a detached dense tensor, if an `Episode` can hold it.
+
+    Refused (``TypeError``): tuples (gymnasium ``Tuple`` spaces) and dicts (nested ``Dict``
+    spaces), which ``np.asarray`` would stack along the env axis; tensors without dense data
+    (sparse, ``meta``, quantized, nested); dtypes torch has no counterpart for.
+    """
     if isinstance(value, torch.Tensor):
-        value = value.detach()
-    elif not isinstance(value, np.ndarray):
-        if isinstance(value, Mapping | str | bytes):
-            raise TypeError(f"{param} must be an array, got {type(value).__name__}")
+        if value.layout != torch.strided or value.is_meta or value.is_quantized or value.is_nested:
+            kind = "meta" if value.is_meta else str(value.layout).removeprefix("torch.")
+            kind = "nested" if value.is_nested else "quantized" if value.is_quantized else kind
+            rule = "a dense tensor with data (strided, not meta, sparse, quantized or nested)"
+            raise wrong_kind(param, rule, f"a {kind} tensor")
+        return value.detach()
+    if isinstance(value, tuple | Mapping | str | bytes):
+        rule = "an array or a tensor (flatten gymnasium Tuple spaces and nested Dict spaces)"
+        raise wrong_kind(param, rule, f"a {type(value).__name__}")
+    if not isinstance(value, np.ndarray):
         try:
             value = np.asarray(value)
         except (TypeError, ValueError):
-            raise TypeError(f"{param} must be array-like, got {type(value).__name__}") from None
-    if isinstance(value, np.ndarray) and value.dtype.kind not in "biufc":
-        raise TypeError(f"{param} must hold numbers or bools, got dtype {value.dtype}")
+            raise wrong_kind(param, "array-like", f"a {type(value).__name__}") from None
+    if value.dtype.kind not in "biufc":
+        raise wrong_kind(param, "an array of numbers or bools", f"dtype {value.dtype}")
+    if torch_dtype(value.dtype) is None:
+        rule = "of a dtype torch can hold (native byte order, no longdouble)"
+        raise wrong_kind(param, rule, f"dtype {value.dtype.str!r}")
+    return value
+
+
+def as_batch(param: str, value: Any, num_envs: int) -> Any:
+    """``value`` (see `as_array`) with leading size ``num_envs``."""
+    value = as_array(param, value)
     if value.ndim == 0 or value.shape[0] != num_envs:
         shape = tuple(value.shape)
         raise must(param, f"an array of leading size num_envs ({num_envs})", shape)
     return value
 
 
+def _dtype_of(array: Any) -> torch.dtype:
+    """The torch dtype of a tensor or of a numpy array `as_array` accepted."""
+    dtype = array.dtype if isinstance(array, torch.Tensor) else torch_dtype(array.dtype)
+    if dtype is None:  # as_array refuses these first
+        raise wrong_kind("array", "of a dtype torch can hold", f"dtype {array.dtype}")
+    return dtype
+
+
+def per_env_spec(batch: Any) -> FieldSpec:
+    """``(per-env shape, torch dtype)`` of a checked ``[num_envs, ...]`` batch."""
+    return tuple(batch.shape[1:]), _dtype_of(batch)
+
+
+def check_fields(specs: dict[str, FieldSpec], declared: Any, *, complete: bool) -> None:
+    """Refuse fields that no buffer could store, or that cannot match its schema ``declared``.
+
+    ``specs``: the fields a first `reset` (observations) or first `step` (the rest) fixes,
+    ``complete`` for the latter, when ``specs`` is every field of the episodes to come. Names
+    and per-step shapes must match ``declared`` (a buffer's non-None ``schema``) exactly; a
+    dtype is refused only when it does not even cast to the declared one by numpy's
+    ``same_kind`` rule, the buffer deciding whether it takes a cast.
+
+    Raises
+    ------
+    SchemaError, SchemaDtypeError
+        As `Schema.check_storable`, and for a field the schema lacks, one it has that is
+        missing, another per-step shape or a dtype of another kind.
+    """
+    Schema(specs).check_storable()
+    if not isinstance(declared, Mapping):
+        return
+    for name, (shape, dtype) in specs.items():
+        if name not in declared:
+            raise SchemaError(
+                f"field {name!r} must be one of the buffer's schema fields {sorted(declared)}, "
+                f"got {name!r}"
+            )
+        want_shape, want_dtype = declared[name]
+        if tuple(want_shape) != shape:
+            raise SchemaError(
+                f"field {name!r} must have the buffer's per-step shape {tuple(want_shape)}, "
+                f"got {shape}"
+            )
+        if dtype != want_dtype and not casts_same_kind(dtype, want_dtype):
+            raise SchemaDtypeError(
+                f"field {name!r} must have a dtype that casts to the buffer's {want_dtype} "
+                f"(same kind), got {dtype}"
+            )
+    if complete and set(declared) - set(specs):
+        missing = sorted(set(declared) - set(specs))
+        raise SchemaError(f"fields must include the buffer's schema fields {missing}, got none")
+
+
 def as_flags(param: str, value: Any, num_envs: int) -> np.ndarray:
     """A bool ``[num_envs]`` numpy array (``terminated``, ``truncated``, ``env_mask``)."""
-    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    array = as_array(param, list(value) if isinstance(value, tuple) else value)
+    if isinstance(array, torch.Tensor):
+        array = array.cpu().numpy() if array.dtype == torch.bool else array
     if array.dtype != np.bool_:
-        raise TypeError(f"{param} must be a bool array, got dtype {array.dtype}")
-    if array.shape != (num_envs,):
+        raise wrong_kind(param, "a bool array", f"dtype {array.dtype}")
+    if tuple(array.shape) != (num_envs,):
         raise must(param, f"of shape ({num_envs},)", tuple(array.shape))
     return np.array(array, dtype=np.bool_)  # a copy: the caller may reuse its array
 
@@ -128,32 +218,33 @@ class Column:
     def __init__(self, name: str, batch: Any, slots: int) -> None:
         self.name = name
         self.is_torch = isinstance(batch, torch.Tensor)
+        self.dtype = _dtype_of(batch)  # the torch dtype, also of a numpy column
         self.data: Any = _zeros(batch, (slots, *batch.shape[1:]))
 
     def conform(self, param: str, value: Any, *, per_env: bool = False) -> Any:
-        """``value`` in this column's kind, its per-env shape and dtype checked."""
-        if self.is_torch and not isinstance(value, torch.Tensor):
-            value = torch.from_numpy(np.array(value))
-        elif not self.is_torch and isinstance(value, torch.Tensor):
-            value = value.detach().cpu().numpy()
-        elif not self.is_torch:
-            value = np.asarray(value)
+        """``value`` in this column's kind, its per-env shape and dtype checked.
+
+        ``value`` is a batch from `as_batch`, or with ``per_env`` one env's value (checked
+        here by `as_array`).
+        """
+        if per_env:
+            value = as_array(param, value)
         shape = tuple(self.data.shape[1:])
         got = tuple(value.shape if per_env else value.shape[1:])
         if got != shape:
             raise must(param, f"of per-env shape {shape} ({self.name!r})", got)
-        if value.dtype != self.data.dtype:
-            # A sub-environment's own final observation may differ in dtype from the batched
-            # ones, which the vector env casts into its space's dtype: do what it does.
-            castable = (
-                torch.can_cast(value.dtype, self.data.dtype)
-                if self.is_torch
-                else np.can_cast(value.dtype, self.data.dtype, casting="same_kind")
-            )
-            if not (per_env and castable):
-                raise TypeError(f"{param} must have dtype {self.data.dtype}, got {value.dtype}")
-            value = value.to(self.data.dtype) if self.is_torch else value.astype(self.data.dtype)
-        return value.to(self.data.device) if self.is_torch else value
+        dtype = _dtype_of(value)
+        # A sub-environment's own final observation may differ in dtype from the batched
+        # ones, which the vector env casts into its space's dtype: do what it does.
+        if dtype != self.dtype and not (per_env and casts_same_kind(dtype, self.dtype)):
+            raise wrong_kind(param, f"of dtype {self.data.dtype}", f"{value.dtype}")
+        if self.is_torch:
+            if not isinstance(value, torch.Tensor):
+                value = torch.from_numpy(np.array(value))
+            return value.to(device=self.data.device, dtype=self.dtype)
+        if isinstance(value, torch.Tensor):
+            value = value.to(self.dtype).cpu().numpy()
+        return value.astype(self.data.dtype, copy=False)
 
     def _index(self, slots: np.ndarray) -> Any:
         return torch.from_numpy(slots).to(self.data.device) if self.is_torch else slots

@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "CheckpointError",
+    "EpisodesNotStoredError",
     "InvalidArgumentError",
     "InvalidTypeError",
     "LucidReplayError",
@@ -65,6 +66,65 @@ class RateLimiterTimeout(LucidReplayError, TimeoutError):
 
     Nothing was inserted or drawn: the call can be retried as it was.
     """
+
+
+class EpisodesNotStoredError(LucidReplayError, ValueError):
+    """The buffer refused some of the episodes a call finished; the others were stored.
+
+    Raised by `EpisodeWriter` and `TrajectoryAssembler` after they offered every episode the
+    call finished to the buffer, ``from`` the first error the buffer raised. The call itself
+    was taken: the collector's state advanced as for a successful call (do not repeat it, or
+    its steps are recorded twice), and the refused episodes are handed back here so that
+    they can be stored elsewhere or later.
+
+    Attributes
+    ----------
+    stored_ids
+        The ids the buffer issued in this call, in the order the episodes were offered.
+    refused
+        Key of each refused episode -> the exception the buffer raised for it. The key is the
+        env index for `EpisodeWriter`, the episode's position in the call's order of finished
+        episodes for `TrajectoryAssembler`.
+    episodes
+        The same keys -> the refused `Episode` objects.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        stored_ids: list[int],
+        refused: dict[int, Exception],
+        episodes: dict[int, Any],
+    ) -> None:
+        super().__init__(message, stored_ids, refused, episodes)  # all in args: it pickles
+        self.stored_ids = list(stored_ids)
+        self.refused = dict(refused)
+        self.episodes = dict(episodes)
+
+    @classmethod
+    def of(
+        cls,
+        stored_ids: list[int],
+        refused: dict[int, Exception],
+        episodes: dict[int, Any],
+        *,
+        label: str,
+    ) -> EpisodesNotStoredError:
+        """The error for ``refused`` (``label``: what a key is, ``"env"`` or ``"episode"``)."""
+        causes = "; ".join(
+            f"{label} {key}: {type(error).__name__}: {error}" for key, error in refused.items()
+        )
+        offered = len(stored_ids) + len(refused)
+        return cls(
+            f"buffer must accept every episode this call finished, got {len(refused)} of "
+            f"{offered} refused ({causes}); stored ids {stored_ids}",
+            stored_ids,
+            refused,
+            episodes,
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def must(param: str, rule: str, got: Any) -> InvalidArgumentError:

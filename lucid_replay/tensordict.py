@@ -4,7 +4,7 @@ TorchRL keeps what a step led to under the ``"next"`` sub-dict (``("next", "obs"
 ``("next", "reward")``, ``("next", "done")``); an `Episode` has flat field names. The two meet
 through one rule: a nested key is the field name of its parts joined with ``"."``
 (``("next", "obs")`` <-> ``"next.obs"``), at any depth. Key parts that already contain a ``"."``
-are refused, so the mapping is one-to-one both ways.
+and empty key parts are refused, so the mapping is one-to-one both ways.
 
 `trajectory_steps` backs `Episode.from_tensordict` and `batch_tensordict` backs
 ``to_tensordict()`` on every batch (`TrajectoryAssembler`, in ``assembler``, builds on the
@@ -76,6 +76,12 @@ def trajectory_steps(
             raise TypeError(f"td[{key!r}] must be a tensor, got {type(value).__name__}")
         if any("." in part for part in parts):
             raise must(f"td key {key!r}", "free of '.' (it joins nested keys)", key)
+        if not all(parts):
+            raise must(
+                f"td key {key!r}",
+                "made of non-empty parts (joined by '.' into the field name)",
+                key,
+            )
         steps[".".join(parts)] = value
     if not steps:
         raise must("td", "a trajectory with at least one tensor entry", list(td.keys()))

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from lucid_replay.checks import check_int
-from lucid_replay.columns import Column, PageTable, as_batch, as_flags
+from lucid_replay.columns import Column, PageTable, as_batch, as_flags, check_fields, per_env_spec
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must
+from lucid_replay.errors import EpisodesNotStoredError, must, wrong_kind
 
 __all__ = ["EpisodeWriter"]
 
@@ -68,11 +68,34 @@ class EpisodeWriter:
     The first ``reset`` fixes the observation fields, the first ``step`` the others; later
     calls must pass the same names, per-env shapes and dtypes. Dtypes are kept as given
     (gymnasium's rewards are ``float64``: cast them, or declare the buffer's schema, to store
-    ``float32``). Every call validates all of its input first: a refused call stores nothing
-    and leaves the writer unchanged. If ``buffer.add`` raises, the call's episodes not yet
-    stored are dropped (counted in `stats`) and the error propagates. Open episodes are held
-    in a pool of pages shared by the envs, so memory follows the records open; `flush` cuts
-    episodes that never end. One writer per collector thread.
+    ``float32``). The calls that fix fields also check them against what a buffer stores, so
+    that a layout no episode could be stored under is refused at once, not at every
+    episode's end: a field named like a per-record entry of a window batch (``is_init``,
+    ...) or of a dtype no buffer stores (``uint16``: `SchemaError`, `SchemaDtypeError`); and,
+    when ``buffer`` has a non-None ``schema`` mapping (declared, or fixed by an earlier
+    episode), a field it lacks, a field of it that no step passes, another per-step shape,
+    or a dtype that does not cast to its dtype by numpy's ``same_kind`` rule. Whether a
+    dtype must be exact or may be cast is left to the buffer's ``add``.
+
+    Every call validates all of its input first: a refused call stores nothing and leaves
+    the writer unchanged. Values are numpy arrays or tensors (lists of numbers are accepted
+    too); tuples (gymnasium ``Tuple`` spaces), nested dicts, tensors without dense data
+    (sparse, ``meta``, quantized, nested) and dtypes torch cannot hold are refused
+    (``TypeError``), since an `Episode` could not be built from them.
+
+    The buffer may still refuse an episode (another writer fixed other fields first, the
+    episode is longer than its capacity, a remote buffer timed out, ...). Every episode the
+    call finished is offered to it, in env order; if any ``add`` raised, the call then
+    raises `EpisodesNotStoredError` (a ``ValueError``) ``from`` the first such error,
+    carrying the ids that were stored and, by env, the buffer's errors and the refused
+    episodes, which are counted in ``stats()["episodes_dropped"]``. The writer has then
+    advanced as for a successful call: the envs keep collecting, and the call must not be
+    repeated (its steps would be recorded twice). An exception that is not an ``Exception``
+    (``KeyboardInterrupt``) propagates at once; the episodes not yet offered are dropped and
+    counted.
+
+    Open episodes are held in a pool of pages shared by the envs, so memory follows the
+    records open; `flush` cuts episodes that never end. One writer per collector thread.
 
     Examples
     --------
@@ -164,7 +187,12 @@ class EpisodeWriter:
         TypeError, InvalidArgumentError
             For a non-bool mask or one not of shape ``[num_envs]``, an observation of another
             leading size, or one whose names, per-env shapes or dtypes differ from the first;
-            a dict key named like another field (``action``, ``reward``, an extra field).
+            a dict key named like another field (``action``, ``reward``, an extra field); a
+            tuple, a nested dict, or a value an `Episode` cannot hold (see the class notes).
+        SchemaError, SchemaDtypeError
+            At the first reset, for observation fields no episode could be stored under.
+        EpisodesNotStoredError
+            If the buffer refused an episode this reset cut (see the class notes).
         """
         mask = (
             np.ones(self._num_envs, dtype=np.bool_)
@@ -175,6 +203,9 @@ class EpisodeWriter:
         for name in obs:
             if name in _STEP_NAMES or (self._fields is not None and name in self._fields):
                 raise must("observation keys", "distinct from the other fields", name)
+        if self._obs is None:
+            specs = {name: per_env_spec(value) for name, value in obs.items()}
+            check_fields(specs, self._buffer_schema(), complete=False)
         cut = np.flatnonzero(mask & (self._state == _OPEN) & (self._length > 0))
         episodes = [self._episode(int(i), terminated=False) for i in cut]
         if self._obs is None:
@@ -183,7 +214,7 @@ class EpisodeWriter:
                 name: Column(name, value, self._pages.slots) for name, value in obs.items()
             }
         self._start(np.flatnonzero(mask), obs)
-        return self._add(episodes, flushed=True)
+        return self._add(cut, episodes, flushed=True)
 
     def step(
         self,
@@ -222,13 +253,18 @@ class EpisodeWriter:
             Before any `reset`; for an env with no open episode (``"disabled"``: one that
             ended and was not reset); for any value of another leading size, a non-bool flag,
             a field name that collides with an observation field, a field set, per-env shape
-            or dtype other than the first step's, or a missing ``info["final_obs"]``.
+            or dtype other than the first step's, or a missing ``info["final_obs"]``; a
+            tuple, a nested dict, or a value an `Episode` cannot hold (see the class notes).
+        SchemaError, SchemaDtypeError
+            At the first step, for fields no episode could be stored under.
+        EpisodesNotStoredError
+            If the buffer refused an episode this step ended (see the class notes).
         """
         columns = self._obs
         if columns is None:
             raise must("step", "called after a first reset(observation)", "no reset yet")
         if info is not None and not isinstance(info, Mapping):
-            raise TypeError(f"info must be a dict or None, got {type(info).__name__}")
+            raise wrong_kind("info", "a dict or None", f"a {type(info).__name__}")
         given = {"action": action, "reward": reward, **fields}
         values = {name: as_batch(name, value, self._num_envs) for name, value in given.items()}
         terminal = as_flags("terminated", terminated, self._num_envs)
@@ -249,16 +285,20 @@ class EpisodeWriter:
         rows = np.flatnonzero(self._state == _OPEN)
         ended &= self._state == _OPEN
         finals = self._final_observations(columns, info, np.flatnonzero(ended))
+        layout = self._fields
+        if layout is None:
+            specs = {name: per_env_spec(value) for name, value in {**obs, **values}.items()}
+            check_fields(specs, self._buffer_schema(), complete=True)
+            layout = {n: Column(n, v, self._pages.slots) for n, v in values.items()}
         # Everything is valid: from here on, the call changes state.
-        if self._fields is None:
-            self._fields = {n: Column(n, v, self._pages.slots) for n, v in values.items()}
         steps = self._length[rows]
         if self._pages.reserve(rows, steps + 1):
-            for column in [*columns.values(), *self._fields.values()]:
+            for column in [*columns.values(), *layout.values()]:
                 column.grow(self._pages.slots)
         slots = self._pages.slot(rows, steps)
-        for name, column in self._fields.items():
+        for name, column in layout.items():
             column.write(slots, values[name], rows)
+        self._fields = layout
         self._length[rows] += 1
         slots = self._pages.slot(rows, steps + 1)
         for name, column in columns.items():
@@ -277,7 +317,7 @@ class EpisodeWriter:
             self._state[done] = _PENDING
         else:
             self._state[done] = _AWAITING
-        return self._add(episodes, flushed=False)
+        return self._add(done, episodes, flushed=False)
 
     def flush(self) -> list[int]:
         """Store every open episode with at least one step as truncated; return their ids.
@@ -285,7 +325,8 @@ class EpisodeWriter:
         Each is stored as ``T + 1`` records, the last holding the observation the env has
         reached, with ``terminated=False``. The env keeps collecting: its next episode starts
         at that observation (no step is lost or stored twice). Use it to end a collection
-        phase or to cut episodes that would otherwise never end.
+        phase or to cut episodes that would otherwise never end. Raises
+        `EpisodesNotStoredError` if the buffer refused some of them (see the class notes).
         """
         rows = np.flatnonzero((self._state == _OPEN) & (self._length > 0))
         episodes = [self._episode(int(i), terminated=False) for i in rows]
@@ -294,7 +335,7 @@ class EpisodeWriter:
             column.move(first, current)
         self._pages.release(rows)
         self._length[rows] = 0
-        return self._add(episodes, flushed=True)
+        return self._add(rows, episodes, flushed=True)
 
     def close(self) -> list[int]:
         """`flush`, then end the stream: every env needs a `reset` before its next step.
@@ -381,16 +422,33 @@ class EpisodeWriter:
             steps[name] = column.take(slots, zero_last=True)
         return Episode(steps, terminated=terminated)
 
-    def _add(self, episodes: list[Episode], *, flushed: bool) -> list[int]:
-        """Offer ``episodes`` to the buffer in order; count what was stored and dropped."""
-        ids = []
-        for index, episode in enumerate(episodes):
+    def _buffer_schema(self) -> Any:
+        """The buffer's ``schema`` mapping, if it has one now (else None)."""
+        schema = getattr(self._buffer, "schema", None)
+        return schema if isinstance(schema, Mapping) else None
+
+    def _add(self, envs: np.ndarray, episodes: list[Episode], *, flushed: bool) -> list[int]:
+        """Offer each episode (of env ``envs[k]``) to the buffer; count stored and dropped.
+
+        Raises `EpisodesNotStoredError` after the last one if any ``add`` raised.
+        """
+        ids: list[int] = []
+        refused: dict[int, Exception] = {}
+        kept: dict[int, Episode] = {}
+        for index, (env, episode) in enumerate(zip(envs.tolist(), episodes, strict=True)):
             try:
                 ids.append(self._buffer.add(episode))
+            except Exception as error:  # reported below, with the stored ids
+                refused[env], kept[env] = error, episode
+                self._counts["episodes_dropped"] += 1
+                continue
             except BaseException:
                 self._counts["episodes_dropped"] += len(episodes) - index
                 raise
             self._counts["episodes_added"] += 1
             self._counts["records_added"] += len(episode)
             self._counts["episodes_flushed"] += int(flushed)
+        if refused:
+            failure = EpisodesNotStoredError.of(ids, refused, kept, label="env")
+            raise failure from next(iter(refused.values()))
         return ids

@@ -163,11 +163,22 @@ def test_from_tensordict_refuses_an_episode_end_before_the_last_step(flag):
             TypeError,
             r"^td\[\('next', 'done'\)\] must be a bool tensor, got torch\.float32$",
         ),
+        (
+            TensorDict({("next", ""): torch.zeros(3), "obs": torch.zeros(3)}, batch_size=[3]),
+            InvalidArgumentError,
+            r"^td key \('next', ''\) must be made of non-empty parts \(joined by '\.' into "
+            r"the field name\), got \('next', ''\)$",
+        ),
+        (
+            TensorDict({"": torch.zeros(3)}, batch_size=[3]),
+            InvalidArgumentError,
+            r"^td key '' must be made of non-empty parts",
+        ),
     ],
 )
 def test_from_tensordict_refuses_what_is_not_one_trajectory(td, error, message):
-    """Not a TensorDict, no single time dimension, T == 0, no entries, a '.' in a key, a
-    non-bool flag: refused, naming td."""
+    """Not a TensorDict, no single time dimension, T == 0, no entries, a '.' in a key or an
+    empty key part (neither would nest back), a non-bool flag: refused, naming td."""
     with pytest.raises(error, match=message):
         Episode.from_tensordict(td)
 
@@ -377,6 +388,88 @@ def test_assembler_copies_open_pieces():
     batch["obs"].fill_(-1.0)
     assembler.extend(_steps([0], [T], first=5.0))
     assert buffer[0]["obs"].tolist() == [0.0, 1.0, 5.0]
+
+
+@pytest.mark.parametrize("shape", [[0], [2, 0], [0, 3]])
+def test_assembler_treats_a_batch_without_steps_as_a_no_op(shape):
+    """A batch of batch dims [0], [N, 0] or [0, T] stores nothing, returns [] and keeps the
+    open trajectories; its keys and dtypes are still checked."""
+    buffer = SequenceReplay(capacity=100)
+    assembler = TrajectoryAssembler(buffer)
+    assembler.extend(_steps([4, 4], [F, F]))
+    empty = TensorDict(
+        {
+            "obs": torch.zeros(*shape, 2),
+            ("collector", "traj_ids"): torch.zeros(shape, dtype=torch.int64),
+            ("next", "done"): torch.zeros(*shape, 1, dtype=torch.bool),
+        },
+        batch_size=shape,
+    )
+    assert assembler.extend(empty) == []
+    assert (assembler.num_open, buffer.num_episodes) == (1, 0)
+    empty["collector", "traj_ids"] = torch.zeros(shape)
+    with pytest.raises(TypeError, match=r"^td\[\('collector', 'traj_ids'\)\] must be integers"):
+        assembler.extend(empty)
+    assert assembler.extend(_steps([4], [T])) == [0]
+    assert buffer[0]["obs"].tolist() == [0.0, 1.0, 0.0]
+
+
+class _Keeper:
+    """A buffer that keeps the episodes it is given (as a list, a queue or a remote client
+    that sends later would); with ``extend`` or with ``add`` only."""
+
+    def __init__(self, *, refuse=(), with_extend=True):
+        self.episodes, self.refuse = [], set(refuse)
+        if with_extend:
+            self.extend = lambda episodes: [self.add(e) for e in episodes]
+
+    def add(self, episode):
+        first = float(episode["obs"][0])
+        if first in self.refuse:
+            raise ValueError(f"episode at {first} refused")
+        self.episodes.append(episode)
+        return 100 + len(self.episodes) - 1
+
+
+@pytest.mark.parametrize("with_extend", [True, False], ids=["extend", "add"])
+def test_assembler_episodes_own_their_memory(with_extend):
+    """A finished episode of one piece does not share memory with the collector's batch:
+    writing into the batch afterwards (a collector reusing its output) changes nothing the
+    buffer was given."""
+    keeper = _Keeper(with_extend=with_extend)
+    assembler = TrajectoryAssembler(keeper)
+    batch = _steps([[0, 0, 1], [2, 2, 2]], [[F, T, T], [F, F, T]])
+    assert assembler.extend(batch) == [100, 101, 102]
+    batch["obs"].fill_(-1.0)
+    batch["next", "done"].fill_(False)
+    assert [e["obs"].tolist() for e in keeper.episodes] == [[0.0, 1.0], [2.0], [3.0, 4.0, 5.0]]
+    assert all(e["next.done"][-1].item() for e in keeper.episodes)
+
+
+def test_assembler_over_add_only_buffer_reports_what_it_stored():
+    """With add only, a refused episode does not stop the others: every finished episode is
+    offered, then EpisodesNotStoredError reports the ids stored and, by position, the
+    buffer's errors and episodes. The call is taken: open trajectories carry on and nothing
+    is stored twice."""
+    from lucid_replay import EpisodesNotStoredError
+
+    keeper = _Keeper(refuse={1.0}, with_extend=False)
+    assembler = TrajectoryAssembler(keeper)
+    with pytest.raises(EpisodesNotStoredError, match=r"got 1 of 3 refused \(episode 1: ") as caught:
+        assembler.extend(_steps([0, 1, 2, 2, 3], [T, T, F, T, F]))
+    error = caught.value
+    assert isinstance(error, ValueError)
+    assert error.stored_ids == [100, 101] and list(error.refused) == [1]
+    assert error.__cause__ is error.refused[1] and error.episodes[1]["obs"].tolist() == [1.0]
+    assert [e["obs"].tolist() for e in keeper.episodes] == [[0.0], [2.0, 3.0]]
+    assert assembler.num_open == 1  # trajectory 3, carried on
+    assert assembler.extend(_steps([3, 5], [T, F], first=10.0)) == [102]
+    assert keeper.episodes[-1]["obs"].tolist() == [4.0, 10.0]
+    keeper.refuse = {11.0}
+    with pytest.raises(EpisodesNotStoredError, match=r"stored ids \[\]$") as caught:
+        assembler.flush()
+    assert list(caught.value.refused) == [0] and assembler.num_open == 0
+    assert len(keeper.episodes) == 3
 
 
 def test_assembler_uses_add_when_the_buffer_has_no_extend():

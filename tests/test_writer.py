@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -499,25 +500,110 @@ def test_long_episodes_grow_past_the_initial_capacity():
     assert flat(buffer.episodes[1]) == [10, *range(11, 311)]
 
 
-def test_a_failing_buffer_add_drops_counts_and_propagates():
-    """When buffer.add raises, the call's unstored episodes are counted as dropped, the error
-    propagates, and the writer keeps following the environment."""
+class Refusing(ListBuffer):
+    """A duck buffer that refuses the episodes whose first observation is in ``refuse``."""
 
-    class Refusing(ListBuffer):
-        def add(self, episode):
-            if len(episode) == 2:
-                raise ValueError("refused")
-            return super().add(episode)
+    def __init__(self, refuse, error=ValueError):
+        super().__init__()
+        self.refuse, self.error, self.offered = set(refuse), error, []
 
-    buffer = Refusing()
+    def add(self, episode):
+        first = float(episode["observation"][0, 0])
+        self.offered.append(first)
+        if first in self.refuse:
+            raise self.error(f"episode at {first} refused")
+        return super().add(episode)
+
+
+def test_a_refused_episode_does_not_drop_the_other_envs_episodes():
+    """When the buffer refuses one env's episode, the call still offers and stores the other
+    envs' episodes, then raises EpisodesNotStoredError from the buffer's error with the ids
+    it issued (env order) and the refused env's error and episode; the writer advances as
+    for a successful call, so nothing is lost, counted twice or stored twice."""
+    buffer = Refusing(refuse={10.0})
+    writer, _ = scripted(num_envs=3, buffer=buffer)
+    with pytest.raises(lucid_replay.EpisodesNotStoredError) as caught:
+        step(writer, [1, 2, 3], [1, 11, 21], terminated=[0, 1, 2])
+    error = caught.value
+    assert isinstance(error, ValueError) and isinstance(error, lucid_replay.LucidReplayError)
+    assert error.stored_ids == [100, 101]
+    assert list(error.refused) == [1] and error.__cause__ is error.refused[1]
+    assert str(error.refused[1]) == "episode at 10.0 refused"
+    assert flat(error.episodes[1]) == [10, 11] and error.episodes[1].terminated
+    assert re.fullmatch(
+        r"buffer must accept every episode this call finished, got 1 of 3 refused "
+        r"\(env 1: ValueError: episode at 10.0 refused\); stored ids \[100, 101\]",
+        str(error),
+    )
+    assert [flat(e) for e in buffer.episodes] == [[0, 1], [20, 21]]
+    stats = writer.stats()
+    assert (stats["episodes_added"], stats["episodes_dropped"], stats["steps"]) == (2, 1, 3)
+    assert step(writer, [4, 5, 6], [30, 40, 50]) == []  # next_step: all three restart
+    assert step(writer, [7, 8, 9], [31, 41, 51], terminated=[1]) == [102]
+    assert writer.flush() == [103, 104]
+    assert [flat(e) for e in buffer.episodes[2:]] == [[40, 41], [30, 31], [50, 51]]
+    assert buffer.offered == [0.0, 10.0, 20.0, 40.0, 30.0, 50.0]  # each episode offered once
+
+
+def test_a_real_buffer_refusing_a_too_long_episode_keeps_the_others():
+    """A SequenceReplay refusing an episode longer than its capacity: the other env's
+    episode of the same call is stored and its id reported; the refused one is dropped."""
+    buffer = SequenceReplay(capacity=3)
     writer, _ = scripted(buffer=buffer)
-    with pytest.raises(ValueError, match="refused"):
+    assert step(writer, [1, 2], [1, 11], terminated=[1]) == [0]
+    step(writer, [3, 4], [2, 20])  # env 1 restarts
+    with pytest.raises(lucid_replay.EpisodesNotStoredError, match=r"env 0: Invalid") as caught:
+        step(writer, [5, 6], [3, 21], terminated=[0, 1])
+    assert caught.value.stored_ids == [1] and list(caught.value.refused) == [0]
+    assert isinstance(caught.value.__cause__, lucid_replay.InvalidArgumentError)
+    assert len(caught.value.episodes[0]) == 4
+    assert buffer[1]["observation"].flatten().tolist() == [20.0, 21.0]
+    assert writer.stats()["episodes_dropped"] == 1 and writer.stats()["open_episodes"] == 0
+
+
+def test_refusals_in_reset_and_flush_are_reported_the_same_way():
+    """Episodes cut by reset or flush that the buffer refuses are reported as by step: the
+    others are stored, the writer advances, and the cut envs start their next episode."""
+    buffer = Refusing(refuse={0.0})
+    writer, _ = scripted(buffer=buffer)
+    step(writer, [1, 2], [1, 11])
+    with pytest.raises(lucid_replay.EpisodesNotStoredError) as caught:
+        writer.reset(obs(5, 15))
+    assert caught.value.stored_ids == [100] and list(caught.value.refused) == [0]
+    assert writer.stats()["open_steps"] == 0 and writer.stats()["episodes_flushed"] == 1
+    buffer.refuse = {5.0, 15.0}
+    step(writer, [3, 4], [6, 16])
+    with pytest.raises(lucid_replay.EpisodesNotStoredError) as caught:
+        writer.flush()
+    assert caught.value.stored_ids == [] and list(caught.value.refused) == [0, 1]
+    assert writer.stats()["episodes_dropped"] == 3
+    buffer.refuse = set()
+    step(writer, [5, 6], [7, 17])
+    assert writer.flush() == [101, 102]
+    assert [flat(e) for e in buffer.episodes[1:]] == [[6, 7], [16, 17]]
+
+
+def test_a_keyboard_interrupt_in_add_propagates_at_once():
+    """A BaseException that is not an Exception is not collected: it propagates from the
+    first add, the later episodes are not offered, and all of them count as dropped."""
+    buffer = Refusing(refuse={0.0}, error=KeyboardInterrupt)
+    writer, _ = scripted(buffer=buffer)
+    with pytest.raises(KeyboardInterrupt):
         step(writer, [1, 2], [1, 11], terminated=[0, 1])
-    assert writer.stats()["episodes_dropped"] == 2 and buffer.episodes == []
-    step(writer, [3, 4], [20, 30])  # both reset (next_step)
-    step(writer, [5, 6], [21, 31])
-    step(writer, [7, 8], [22, 32], terminated=[0])
-    assert flat(buffer.episodes[0]) == [20, 21, 22]
+    assert buffer.offered == [0.0] and writer.stats()["episodes_dropped"] == 2
+
+
+def test_episodes_not_stored_error_pickles_with_its_reports():
+    """The error survives pickling (a process pool, a queue) with its message and reports."""
+    import pickle
+
+    buffer = Refusing(refuse={0.0})
+    writer, _ = scripted(buffer=buffer)
+    with pytest.raises(lucid_replay.EpisodesNotStoredError) as caught:
+        step(writer, [1, 2], [1, 11], terminated=[0, 1])
+    copied = pickle.loads(pickle.dumps(caught.value))
+    assert str(copied) == str(caught.value) and copied.stored_ids == [100]
+    assert list(copied.refused) == [0] and flat(copied.episodes[0]) == [0, 1]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -586,7 +672,7 @@ REFUSED_STEPS = {
     "action strings": (
         with_arg(action=np.array(["a", "b"])),
         TypeError,
-        r"action must hold numbers or bools, got dtype <U1",
+        r"action must be an array of numbers or bools, got dtype <U1",
     ),
     "reward size": (with_arg(reward=np.zeros(1)), ValueError, r"reward must be an array of lead"),
     "reward scalar": (with_arg(reward=1.0), ValueError, r"reward must be .*, got \(\)"),
@@ -608,7 +694,7 @@ REFUSED_STEPS = {
     "observation dtype": (
         with_arg(observation=obs(1, 2).astype(np.float64)),
         TypeError,
-        r"observation must have dtype float32, got float64",
+        r"observation must be of dtype float32, got float64",
     ),
     "observation shape": (
         with_arg(observation=np.zeros((2, 2), np.float32)),
@@ -628,7 +714,7 @@ REFUSED_STEPS = {
     "field dtype": (
         with_arg(h=np.ones((2, 3))),
         TypeError,
-        r"h must have dtype float32, got float64",
+        r"h must be of dtype float32, got float64",
     ),
     "field shape": (
         with_arg(h=np.ones((2, 4), np.float32)),
@@ -643,18 +729,68 @@ REFUSED_STEPS = {
     ),
     "field extra": (with_arg(g=np.ones(2)), ValueError, r"step fields must be the first step's"),
     "info type": (with_arg(info=["final_obs"]), TypeError, r"info must be a dict or None"),
+    "observation tuple": (
+        with_arg(observation=(obs(1, 2), obs(1, 2))),
+        TypeError,
+        r"^observation must be an array or a tensor \(flatten gymnasium Tuple spaces and "
+        r"nested Dict spaces\), got a tuple$",
+    ),
+    "action tuple": (with_arg(action=(3, 4)), TypeError, r"^action must be an .*, got a tuple$"),
+    "field sparse": (
+        with_arg(h=torch.ones(2, 3).to_sparse()),
+        TypeError,
+        r"^h must be a dense tensor with data \(strided, not meta, sparse, quantized or "
+        r"nested\), got a sparse_coo tensor$",
+    ),
+    "observation meta": (
+        with_arg(observation=torch.empty(2, 1, device="meta")),
+        TypeError,
+        r"^observation must be a dense tensor .*, got a meta tensor$",
+    ),
+    "field longdouble": (
+        with_arg(h=np.ones((2, 3), np.longdouble)),
+        TypeError,
+        r"^h must be of a dtype torch can hold \(native byte order, no longdouble\), got dtype",
+    ),
 }
+
+
+def _bytes(value):
+    if isinstance(value, torch.Tensor):
+        value = value.cpu().numpy() if value.dtype != torch.bfloat16 else value.float().numpy()
+    value = np.ascontiguousarray(value)
+    return (str(value.dtype), value.shape, value.tobytes())
+
+
+def internals(writer):
+    """Everything the writer holds: per-env states and lengths, the page table, every
+    column's pool and the counters (a refused call must leave all of it as it was)."""
+    columns = {
+        group: None if cols is None else {n: (c.is_torch, _bytes(c.data)) for n, c in cols.items()}
+        for group, cols in (("obs", writer._obs), ("fields", writer._fields))
+    }
+    pages = writer._pages
+    return {
+        "state": _bytes(writer._state),
+        "length": _bytes(writer._length),
+        "pages": (_bytes(pages.table), _bytes(pages.owned), list(pages.free), pages.num_pages),
+        "dict_obs": writer._dict_obs,
+        "columns": columns,
+        "counts": dict(writer._counts),
+    }
 
 
 def assert_refused_and_unchanged(writer, buffer, bad_call, error, match, continuation):
     """``bad_call`` raises ``error`` matching ``match``, stores nothing, and leaves the writer
-    as it was: afterwards ``continuation`` gives what it gives on a copy taken before."""
+    as it was (every internal array and counter): afterwards ``continuation`` gives what it
+    gives on a copy taken before."""
     twin, twin_buffer = copy.deepcopy((writer, buffer))
-    before = writer.stats()
+    before, inside = writer.stats(), internals(writer)
     with pytest.raises(error, match=match):
         bad_call(writer)
     assert len(buffer.episodes) == len(twin_buffer.episodes)
     assert writer.stats() == before
+    assert internals(writer) == inside
     assert continuation(writer) == continuation(twin)
     assert writer.stats() == twin.stats()
     assert len(buffer.episodes) == len(twin_buffer.episodes) > 0
@@ -697,7 +833,7 @@ REFUSED_RESETS = {
     "observation dtype": (
         dict(observation=np.zeros((2, 1), np.int64)),
         TypeError,
-        r"observation must have dtype float32, got int64",
+        r"observation must be of dtype float32, got int64",
     ),
 }
 
@@ -714,6 +850,300 @@ def test_refused_reset_stores_nothing_and_changes_nothing(case):
 
     writer, buffer = prepared()
     assert_refused_and_unchanged(writer, buffer, bad_call, error, match, continue_and_flush)
+
+
+def without_dense_data(shape):
+    """Name -> (a value of ``shape`` an Episode cannot be built from, its refusal's ending)."""
+    dense = torch.ones(shape)
+    with warnings.catch_warnings():  # both constructors warn that they are prototypes
+        warnings.simplefilter("ignore")
+        quantized = torch.quantize_per_tensor(dense, 0.1, 0, torch.qint8)
+        nested = torch.nested.nested_tensor(list(dense))
+    return {
+        "sparse": (dense.to_sparse(), r"got a sparse_coo tensor$"),
+        "meta": (torch.empty(shape, device="meta"), r"got a meta tensor$"),
+        "quantized": (quantized, r"got a quantized tensor$"),
+        "nested": (nested, r"got a nested tensor$"),
+        "longdouble": (np.ones(shape, np.longdouble), r"got dtype '<f16'$"),
+        "big-endian": (np.ones(shape, ">f4"), r"got dtype '>f4'$"),
+    }
+
+
+KINDS = list(without_dense_data((2,)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["action", "h"])
+def test_first_step_without_dense_data_is_refused_before_fixing_the_layout(name, kind):
+    """A first step whose action or extra field has no dense data a record can hold (sparse,
+    meta, quantized, nested tensors; numpy dtypes torch lacks) is refused naming it, before
+    the step fixes the field layout: the writer is unchanged and a good first step works."""
+    writer, buffer = scripted()
+    value, ending = without_dense_data((2,) if name == "action" else (2, 3))[kind]
+    assert_refused_and_unchanged(
+        writer,
+        buffer,
+        with_arg(**{name: value}),
+        TypeError,
+        rf"^{name} must be .*{ending}",
+        continue_and_flush,
+    )
+    assert writer._fields is not None  # fixed by the good step, not the refused one
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_first_reset_without_dense_data_is_refused(kind):
+    """A first reset whose observation (or a dict value) has no dense data is refused before
+    it fixes the observation fields; a good reset then starts the stream as usual."""
+    value, ending = without_dense_data((2, 1))[kind]
+    for observation, param in [(value, "observation"), ({"o": value}, r"observation\['o'\]")]:
+        writer = EpisodeWriter(ListBuffer(), 2)
+        before = internals(writer)
+        with pytest.raises(TypeError, match=rf"^{param} must be .*{ending}"):
+            writer.reset(observation)
+        assert internals(writer) == before and writer._obs is None
+        assert writer.reset(obs(0, 10)) == [] and writer.step(**good_step()) == [100]
+
+
+def test_a_meta_observation_cannot_leave_an_ended_episode_open():
+    """Meta observations after a good reset are refused before the step is recorded, so an
+    episode that ends is stored and the env's next steps start a new episode."""
+    buffer = ListBuffer()
+    writer = EpisodeWriter(buffer, 2)
+    writer.reset(torch.zeros(2, 3))
+    before = internals(writer)
+    args = (np.array([1, 1]), np.zeros(2, np.float32), flags(True, False), flags(False, False))
+    with pytest.raises(TypeError, match=r"^observation must be a dense tensor .*meta tensor$"):
+        writer.step(*args, torch.empty(2, 3, device="meta"))
+    assert internals(writer) == before
+    assert writer.step(*args, torch.ones(2, 3)) == [100]
+    assert len(buffer.episodes[0]) == 2
+    writer.step(*args[:2], flags(False, False), flags(False, False), torch.ones(2, 3))
+    assert writer._length.tolist() == [0, 2]  # env 0 restarted: it joins no ended episode
+
+
+class TupleEnv(gym.Env):
+    """A gymnasium Tuple observation of two components, ``value`` and ``-value``, where
+    ``value = 100 * env + step``: as many components as there are envs."""
+
+    def __init__(self, env_id):
+        self.env_id = env_id
+        box = spaces.Box(-1e9, 1e9, (3,), np.float32)
+        self.observation_space, self.action_space = spaces.Tuple((box, box)), spaces.Discrete(2)
+
+    def _obs(self):
+        value = np.full(3, 100 * self.env_id + self.t, np.float32)
+        return value, -value
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 1.0, self.t == 2, False, {}
+
+
+def test_tuple_observations_are_refused_and_flattened_ones_stay_per_env():
+    """A Tuple space's observation (a tuple of [num_envs, ...] components, which np.asarray
+    would stack along the env axis) is refused at reset and step, naming the argument, with
+    the writer unchanged; flattened into one array per env it is stored env by env."""
+    envs = SyncVectorEnv([lambda i=i: TupleEnv(i) for i in range(2)])
+    observation, _ = envs.reset(seed=0)
+    buffer = ListBuffer()
+    writer = EpisodeWriter(buffer, 2)
+    message = r"^observation must be an array or a tensor \(flatten gymnasium Tuple spaces"
+    with pytest.raises(TypeError, match=message):
+        writer.reset(observation)
+    with pytest.raises(TypeError, match=r"^observation\['pair'\] must be an .*got a tuple$"):
+        writer.reset({"pair": observation})
+    assert writer._obs is None and writer.stats()["steps"] == 0
+    writer.reset(np.concatenate(observation, axis=1))
+    action = np.zeros(2, np.int64)
+    observation, reward, terminated, truncated, _ = envs.step(action)
+    with pytest.raises(TypeError, match=message):
+        writer.step(action, reward, terminated, truncated, observation)
+    writer.step(action, reward, terminated, truncated, np.concatenate(observation, axis=1))
+    observation, reward, terminated, truncated, _ = envs.step(action)
+    writer.step(action, reward, terminated, truncated, np.concatenate(observation, axis=1))
+    envs.close()
+    for env_id, episode in enumerate(buffer.episodes):
+        value = 100 * env_id + torch.arange(3.0)[:, None].expand(3, 3)
+        assert torch.equal(episode["observation"], torch.cat([value, -value], dim=1))
+
+
+def test_tuple_and_nested_dict_final_observations_are_refused():
+    """Under same_step an info["final_obs"] entry that is a tuple, or a dict observation's
+    entry with a nested dict, is refused naming the entry; the writer is unchanged."""
+    writer, buffer = prepared("same_step")
+    final = np.array([(np.float32(2.0),), None], dtype=object)
+    info = {"final_obs": final, "_final_obs": flags(True, False)}
+    good = {
+        "final_obs": np.array([obs(2)[0], None], dtype=object),
+        "_final_obs": info["_final_obs"],
+    }
+
+    def continuation(w):
+        return w.step(**{**good_step(), "info": good}) + w.flush()
+
+    assert_refused_and_unchanged(
+        writer,
+        buffer,
+        with_arg(info=info),
+        TypeError,
+        r"^info\['final_obs'\]\[0\] must be an array or a tensor .*, got a tuple$",
+        continuation,
+    )
+    writer = EpisodeWriter(ListBuffer(), 2, autoreset="same_step")
+    writer.reset({"code": obs(0, 10)})
+    nested = {"final_obs": np.array([{"code": {"x": obs(1)[0]}}, None], dtype=object)}
+    with pytest.raises(TypeError, match=r"^info\['final_obs'\]\[0\] must be .*got a dict$"):
+        writer.step(
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            flags(True, False),
+            flags(False, False),
+            {"code": obs(1, 11)},
+            info={**nested, "_final_obs": flags(True, False)},
+        )
+    assert writer.stats()["steps"] == 0
+
+
+def test_nested_dict_observations_are_refused():
+    """A nested Dict space's observation (a dict value that is a dict) is refused naming the
+    key, at the first reset and later."""
+    writer = EpisodeWriter(ListBuffer(), 2)
+    match = r"^observation\['a'\] must be an array or a tensor \(.*\), got a dict$"
+    with pytest.raises(TypeError, match=match):
+        writer.reset({"a": {"b": obs(0, 1)}})
+    assert writer._obs is None
+    writer.reset({"a": obs(0, 1)})
+    with pytest.raises(TypeError, match=match):
+        writer.reset({"a": {"b": obs(0, 1)}})
+
+
+FIRST_STEP_SCHEMA_REFUSALS = {
+    "reserved extra field": (
+        {"is_init": np.zeros(2, bool)},
+        lucid_replay.SchemaError,
+        r"^field names must not be one of the per-record entries .*, got 'is_init'",
+    ),
+    "uint16 extra field": (
+        {"h": np.ones((2, 3), np.uint16)},
+        lucid_replay.SchemaDtypeError,
+        r"^field 'h' must have a dtype the buffer can store.*got torch.uint16; store it as "
+        r"torch.int32$",
+    ),
+    "uint32 tensor action": (
+        {"action": torch.ones(2, dtype=torch.uint32)},
+        lucid_replay.SchemaDtypeError,
+        r"^field 'action' must have a dtype the buffer can store.*got torch.uint32",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FIRST_STEP_SCHEMA_REFUSALS))
+def test_first_step_fields_no_buffer_stores_are_refused_at_once(case):
+    """A first step whose fields could never be stored (a reserved name, a dtype no buffer
+    stores) is refused before it fixes the layout, not at every later episode's end."""
+    changes, error, match = FIRST_STEP_SCHEMA_REFUSALS[case]
+    writer, buffer = scripted()
+    call = with_arg(**changes)
+    assert_refused_and_unchanged(writer, buffer, call, error, match, continue_and_flush)
+
+
+@pytest.mark.parametrize(
+    ("observation", "error", "match"),
+    [
+        (
+            {"terminal": obs(0, 1)},
+            lucid_replay.SchemaError,
+            r"^field names must not be .*, got 'terminal'",
+        ),
+        (
+            np.zeros((2, 1), np.uint16),
+            lucid_replay.SchemaDtypeError,
+            r"^field 'observation' must have a dtype the buffer can store",
+        ),
+    ],
+)
+def test_first_reset_fields_no_buffer_stores_are_refused_at_once(observation, error, match):
+    """A first reset whose observation fields could never be stored is refused before it
+    fixes them; a good reset then works."""
+    buffer = SequenceReplay(100)
+    writer = EpisodeWriter(buffer, 2)
+    with pytest.raises(error, match=match):
+        writer.reset(observation)
+    assert writer._obs is None and writer.stats()["open_episodes"] == 0
+    writer.reset(obs(0, 10))
+    assert writer.step(**good_step()) == [0]
+
+
+DECLARED = {
+    "observation": ((1,), torch.float32),
+    "action": ((), torch.int64),
+    "reward": ((), torch.float32),
+    "h": ((3,), torch.float32),
+}
+DECLARED_REFUSALS = {
+    "field the schema lacks": (
+        {"g": np.ones(2, np.float32)},
+        lucid_replay.SchemaError,
+        r"^field 'g' must be one of the buffer's schema fields \['action', 'h', 'observation', "
+        r"'reward'\], got 'g'$",
+    ),
+    "schema field not passed": (
+        {"h": ...},
+        lucid_replay.SchemaError,
+        r"^fields must include the buffer's schema fields \['h'\], got none$",
+    ),
+    "another per-step shape": (
+        {"h": np.ones((2, 4), np.float32)},
+        lucid_replay.SchemaError,
+        r"^field 'h' must have the buffer's per-step shape \(3,\), got \(4,\)$",
+    ),
+    "a dtype of another kind": (
+        {"action": np.array([1.0, 2.0])},
+        lucid_replay.SchemaDtypeError,
+        r"^field 'action' must have a dtype that casts to the buffer's torch.int64 \(same "
+        r"kind\), got torch.float64$",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DECLARED_REFUSALS))
+def test_first_step_fields_that_cannot_match_the_buffers_schema_are_refused(case):
+    """Against a buffer's declared schema, a first step with a field it lacks, without one
+    of its fields, of another per-step shape or of a dtype that does not cast is refused
+    before the layout is fixed; a castable dtype (float64 rewards) is left to the buffer."""
+    changes, error, match = DECLARED_REFUSALS[case]
+    buffer = SequenceReplay(100, schema=DECLARED)
+    writer = EpisodeWriter(buffer, 2)
+    writer.reset(obs(0, 10))
+    before = internals(writer)
+    with pytest.raises(error, match=match):
+        with_arg(**changes)(writer)
+    assert internals(writer) == before and writer._fields is None
+    assert with_arg(reward=np.array([0.5, 1.5]))(writer) == [0]  # float64: cast by add
+    assert buffer[0]["reward"].dtype == torch.float32
+
+
+def test_reset_fields_that_cannot_match_the_buffers_schema_are_refused():
+    """At the first reset, observation fields the schema lacks or of another per-step shape
+    are refused; so are they against a schema fixed by an episode already stored."""
+    writer = EpisodeWriter(SequenceReplay(100, schema=DECLARED), 2)
+    with pytest.raises(lucid_replay.SchemaError, match=r"^field 'x' must be one of the buff"):
+        writer.reset({"x": obs(0, 1)})
+    with pytest.raises(lucid_replay.SchemaError, match=r"per-step shape \(1,\), got \(2,\)$"):
+        writer.reset(np.zeros((2, 2), np.float32))
+    assert writer._obs is None
+    buffer = SequenceReplay(100)
+    buffer.add(lucid_replay.Episode({"state": torch.zeros(3, 2)}))
+    writer = EpisodeWriter(buffer, 2)
+    with pytest.raises(lucid_replay.SchemaError, match=r"^field 'observation' must be one of"):
+        writer.reset(obs(0, 1))
+    assert writer._obs is None
 
 
 def test_step_before_reset_is_refused():
