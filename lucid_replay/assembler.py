@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lucid_replay.episode import Episode
-from lucid_replay.errors import EpisodesNotStoredError, must
+from lucid_replay.errors import EpisodesNotStoredError, must, wrong_kind, wrong_type
 from lucid_replay.tensordict import (
     NestedKey,
     check_tensordict,
@@ -118,7 +118,7 @@ class TrajectoryAssembler:
         exclude: Sequence[NestedKey] = ("collector",),
     ) -> None:
         if not callable(getattr(buffer, "add", None)):
-            raise TypeError(f"buffer must have an add method, got {type(buffer).__name__}")
+            raise wrong_kind("buffer", "an object with an add method", type(buffer).__name__)
         self._buffer = buffer
         self._traj_key = _key("traj_key", traj_key)
         self._done_key = _key("done_key", done_key)
@@ -252,7 +252,7 @@ class TrajectoryAssembler:
         )
         if not (integral if ids else isinstance(value, torch.Tensor) and value.dtype == torch.bool):
             kind = "integer" if ids else "bool"
-            raise TypeError(f"td[{key!r}] must be {kind}s, got {getattr(value, 'dtype', value)}")
+            raise wrong_kind(f"td[{key!r}]", f"{kind}s", str(getattr(value, "dtype", value)))
         if value.numel() != shape[0] * shape[1]:
             raise must(f"td[{key!r}]", f"one value per step {list(shape)}", list(value.shape))
         flat: torch.Tensor = value.reshape(-1)
@@ -264,7 +264,7 @@ def _key(name: str, key: object) -> NestedKey:
         return key
     if isinstance(key, tuple) and key and all(isinstance(part, str) for part in key):
         return key if len(key) > 1 else key[0]
-    raise TypeError(f"{name} must be a str or a tuple of str, got {key!r}")
+    raise wrong_type(name, "a str or a tuple of str", key)
 
 
 def _assemble(

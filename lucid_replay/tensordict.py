@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from lucid_replay.errors import InvalidArgumentError, must
+from lucid_replay.errors import InvalidArgumentError, must, wrong_kind, wrong_type
 
 if TYPE_CHECKING:
     # tensordict ships no type information (no py.typed): its names are Any to mypy.
@@ -47,7 +47,7 @@ def check_tensordict(name: str, td: object) -> Any:
     """The ``tensordict`` module, once ``td`` (argument ``name``) is a TensorDict."""
     module = require_tensordict()
     if not isinstance(td, module.TensorDictBase):
-        raise TypeError(f"{name} must be a TensorDict, got {type(td).__name__}")
+        raise wrong_kind(name, "a TensorDict", type(td).__name__)
     return module
 
 
@@ -73,7 +73,7 @@ def trajectory_steps(
     for key, value in leaves:
         parts = _parts(key)
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"td[{key!r}] must be a tensor, got {type(value).__name__}")
+            raise wrong_kind(f"td[{key!r}]", "a tensor", type(value).__name__)
         if any("." in part for part in parts):
             raise must(f"td key {key!r}", "free of '.' (it joins nested keys)", key)
         if not all(parts):
@@ -99,7 +99,7 @@ def _last_and_early(td: TensorDictBase, key: tuple[str, str], length: int) -> tu
     """Whether flag ``key`` is set at the last step, and the first earlier step it is set at."""
     flag = td.get(key)
     if not isinstance(flag, torch.Tensor) or flag.dtype != torch.bool:
-        raise TypeError(f"td[{key!r}] must be a bool tensor, got {getattr(flag, 'dtype', flag)}")
+        raise wrong_kind(f"td[{key!r}]", "a bool tensor", str(getattr(flag, "dtype", flag)))
     per_step = flag.reshape(length, -1).any(dim=1)
     early = per_step[:-1].nonzero()
     first = f"True at step {int(early[0])} of {length}" if early.numel() else None
@@ -108,7 +108,7 @@ def _last_and_early(td: TensorDictBase, key: tuple[str, str], length: int) -> tu
 
 def _terminated(flags: dict[tuple[str, str], tuple[bool, Any]], given: object) -> bool:
     if given is not None and not isinstance(given, bool | np.bool_):
-        raise TypeError(f"terminated must be a bool or None, got {given!r}")
+        raise wrong_type("terminated", "a bool or None", given)
     stored = flags.get(("next", "terminated"))
     if given is not None:
         if stored is not None and stored[0] != bool(given):

@@ -9,9 +9,16 @@ from typing import Any
 import numpy as np
 
 from lucid_replay.checks import check_int
-from lucid_replay.columns import Column, PageTable, as_batch, as_flags, check_fields, per_env_spec
 from lucid_replay.episode import Episode
-from lucid_replay.errors import EpisodesNotStoredError, must, wrong_kind
+from lucid_replay.errors import EpisodesNotStoredError, must, wrong_kind, wrong_type
+from lucid_replay.writer_pages import (
+    Column,
+    PageTable,
+    as_batch,
+    as_flags,
+    check_fields,
+    per_env_spec,
+)
 
 __all__ = ["EpisodeWriter"]
 
@@ -27,7 +34,7 @@ def _mode(autoreset: Any) -> str:
     """The mode named by a string or by an enum member (gymnasium's `AutoresetMode`)."""
     value = autoreset.value if isinstance(autoreset, enum.Enum) else autoreset
     if not isinstance(value, str):
-        raise TypeError(f"autoreset must be a str or an AutoresetMode, got {autoreset!r}")
+        raise wrong_type("autoreset", "a str or an AutoresetMode", autoreset)
     if value not in _MODES:
         raise must("autoreset", "'next_step', 'same_step', 'disabled' or an AutoresetMode", value)
     return _MODES[value]
@@ -122,7 +129,9 @@ class EpisodeWriter:
 
     def __init__(self, buffer: Any, num_envs: int, *, autoreset: Any = "next_step") -> None:
         if not callable(getattr(buffer, "add", None)):
-            raise TypeError(f"buffer must have an add(episode) method, got {type(buffer).__name__}")
+            raise wrong_kind(
+                "buffer", "an object with an add(episode) method", type(buffer).__name__
+            )
         self._num_envs = check_int("num_envs", num_envs, minimum=1)
         self._mode = _mode(autoreset)
         self._buffer = buffer
@@ -363,7 +372,7 @@ class EpisodeWriter:
             obs = {}
             for key, value in observation.items():
                 if not isinstance(key, str):
-                    raise TypeError(f"observation keys must be str, got {key!r}")
+                    raise wrong_type("observation keys", "str", key)
                 obs[key] = as_batch(f"observation[{key!r}]", value, self._num_envs)
         else:
             obs = {"observation": as_batch("observation", observation, self._num_envs)}

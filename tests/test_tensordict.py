@@ -578,7 +578,7 @@ def test_assembler_leaves_everything_unchanged_when_the_buffer_refuses():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"buffer": []}, r"^buffer must have an add method, got list$"),
+        ({"buffer": []}, r"^buffer must be an object with an add method, got list$"),
         ({"traj_key": ("collector", 1)}, r"^traj_key must be a str or a tuple of str, got "),
         ({"done_key": ()}, r"^done_key must be a str or a tuple of str, got \(\)$"),
         ({"exclude": [3]}, r"^exclude must be a str or a tuple of str, got 3$"),

@@ -1242,7 +1242,11 @@ def test_dict_observation_keys_that_collide_with_fields_are_refused():
             r"got 'sometimes'",
         ),
         ({"autoreset": 1}, TypeError, r"autoreset must be a str or an AutoresetMode, got 1"),
-        ({"buffer": [1, 2]}, TypeError, r"buffer must have an add\(episode\) method, got list"),
+        (
+            {"buffer": [1, 2]},
+            TypeError,
+            r"buffer must be an object with an add\(episode\) method, got list",
+        ),
     ],
 )
 def test_constructor_refuses_bad_arguments(kwargs, error, match):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lucid_replay.columns import PageTable
+from lucid_replay.writer_pages import PageTable
 
 
 @pytest.mark.parametrize("page_size", [1, 3, 64])
