@@ -46,9 +46,13 @@ class Control:
         """`RateLimiter.try_acquire`."""
         return self.limiter.try_acquire(n, inserting=inserting, wait_s=wait_s)
 
-    def release(self, inserts: int = 0, samples: int = 0) -> None:
-        """Undo the counted inserts or samples of a refused call."""
-        self.limiter.release(inserts=inserts, samples=samples)
+    def commit_insert(self, stored: int, refused: int) -> None:
+        """`RateLimiter.commit_insert`: an add's shards replied."""
+        self.limiter.commit_insert(stored, refused)
+
+    def release(self, samples: int = 0) -> None:
+        """Undo the counted samples of a refused draw."""
+        self.limiter.release(samples=samples)
 
     # ------------------------------------------------------------------------- schema
     def propose_schema(self, schema: dict[str, Any]) -> dict[str, Any]:

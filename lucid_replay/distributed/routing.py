@@ -128,20 +128,30 @@ def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
     settings.check_episodes(episodes, replay._schema, replay.shard_capacity)
     if not episodes:
         return []
-    transitions = sum(len(e) for e in episodes)
+    lengths = np.array([len(e) for e in episodes], dtype=np.int64)
+    transitions = int(lengths.sum())
     coordination.acquire(replay, transitions, inserting=True, timeout=timeout)
     targets = (replay._cursor + np.arange(len(episodes))) % replay.num_shards
+    futures: dict[int, Any] = {}
+    replies: dict[int, np.ndarray] = {}
+    failure: BaseException | None = None
     try:
-        futures = {
-            k: replay._shards[k].add.remote(
-                [transport.pack_episode(episodes[i]) for i in np.flatnonzero(targets == k)]
+        for k in np.unique(targets).tolist():
+            mine = np.flatnonzero(targets == k)
+            futures[k] = replay._shards[k].add.remote(
+                [transport.pack_episode(episodes[i]) for i in mine]
             )
-            for k in np.unique(targets).tolist()
-        }
-        replies = dict(zip(futures, calls.get(list(futures.values())), strict=True))
-    except BaseException:
-        coordination.release(replay, inserts=transitions)
-        raise
+    except BaseException as error:
+        failure = error
+    for k, future in futures.items():  # each shard's reply, also when another one failed
+        try:
+            replies[k] = calls.get(future)
+        except BaseException as error:
+            failure = failure or error
+    stored = sum(int(lengths[targets == k].sum()) for k in replies)
+    coordination.settle(replay, stored, transitions - stored)
+    if failure is not None:
+        raise failure
     with replay._lock:
         replay._cursor += len(episodes)  # only once stored: a refused call routes nothing
     result = np.empty(len(episodes), dtype=np.int64)
