@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import make_episode
 
-from lucid_replay import EpisodeWriter, Window
+from lucid_replay import EpisodeWriter, InvalidArgumentError, Window
 from lucid_replay.distributed import SampleToInsertRatio, ShardedReplay, ids
 
 ray = pytest.importorskip("ray", reason='needs Ray: pip install "lucid-replay[distributed]"')
@@ -125,7 +125,8 @@ class _Collector:
 
 def test_a_killed_shard_restarts_from_its_checkpoint(cluster, tmp_path):
     """Ray restarts a killed shard: it holds its last checkpoint, counts the episodes lost,
-    issues ids of a new incarnation and skips stale ones."""
+    issues ids of a new incarnation, skips stale ones and refuses ids its old incarnation
+    never issued with nothing updated."""
     replay = ShardedReplay.create(
         2, 2000, seed=3, backend="ray", checkpoint_dir=tmp_path, checkpoint_every=2
     )
@@ -145,6 +146,12 @@ def test_a_killed_shard_restarts_from_its_checkpoint(cluster, tmp_path):
     assert stats["shards"][0]["incarnation"] == 1
     assert stats["shards"][0]["episodes_stored"] == 2
     assert stats["episodes_lost"] == 1 and stats["transitions_lost"] == 6
+    never = int(ids.encode(0, np.array(0), np.array(40)))  # incarnation 0 issued 0..2
+    with pytest.raises(InvalidArgumentError, match=r"indices\[1\] must be an issued episode"):
+        replay.update_priorities([kept[1], never], [50.0, 50.0])
+    after = replay.stats()
+    assert [s["max_priority"] for s in after["shards"]] == [1.0, 1.0]
+    assert after["priority_updates_skipped"] == stats["priority_updates_skipped"] == 0
     fresh = replay.add(make_episode(6))
     assert ids.decode(np.array([fresh]))[1].tolist() == [1]
     assert replay.update_priorities([lost[0], kept[0]], [40.0, 2.0]) == 1

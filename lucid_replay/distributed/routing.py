@@ -1,14 +1,16 @@
 """Routing of a sharded replay: adds round robin, priority updates and write-backs by id.
 
 Adds go to the shards in turn, one call per shard per `extend`, after the limiter admitted
-their transitions (given back if a shard refuses them). Priority updates are checked whole,
-routed by id, and the maximum priority is kept global.
+their transitions; what each shard stored counts towards what samplers wait on once it
+replied, what a shard refused is given back. Priority updates are checked whole, routed by
+id, and the maximum priority is kept global.
 
 An update is refused, on every shard, if any id is one no shard issued: negative, of a shard
-the replay does not have, of an incarnation that has not started, or beyond what its
-incarnation issued. The client knows each shard's marks (incarnation, next local id, first
-local id of each incarnation) from earlier replies and asks again only for a shard whose
-marks an id exceeds. Ids a shard issued but lost in a restart, or evicted, are skipped there.
+the replay does not have, of an incarnation that has not started, or outside what its
+incarnation issued (``[start, next id)`` for the running one, the range it had issued when
+it was replaced for an earlier one). The client knows each shard's marks from earlier
+replies and asks again only for a shard whose marks an id falls outside. Ids a shard issued
+but lost in a restart, or evicted, are skipped there.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from lucid_replay.schema import Schema
 
 __all__: list[str] = []  # internal module
 
-Mark = tuple[int, int, list[int]]  # incarnation, next local id, starts of every incarnation
+# Incarnation, next local id, starts of every incarnation, [first, end) of each replaced one.
+Mark = tuple[int, int, list[int], list[list[int]]]
 
 
 def update(replay: Any, indices: Any, errors: Any) -> int:
@@ -90,10 +93,11 @@ def _never_issued(
         if mark is None:
             bad |= mine
             continue
-        current, next_id, starts = mark
+        current, next_id, starts, ranges = mark
+        bounds = np.asarray([*ranges, [starts[current], next_id]], dtype=np.int64)
         inc, loc = incarnation[mine], local[mine]
-        first = np.asarray(starts, dtype=np.int64)[np.minimum(inc, current)]
-        bad[mine] = (inc > current) | ((inc == current) & (loc >= next_id)) | (loc < first)
+        first, end = bounds[np.minimum(inc, current)].T
+        bad[mine] = (inc > current) | (loc < first) | (loc >= end)
     return bad
 
 

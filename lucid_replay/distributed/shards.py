@@ -82,7 +82,7 @@ class ReplayShard:
             source = str(own)
         if source is not None:
             checkpoints.restore_shard(self.buffer, source)
-        self.incarnation, self.starts = calls.get(
+        self.incarnation, self.starts, self.ranges = calls.get(
             control.join.remote(index, restarted, self._counters())
         )
         self.adds_since_checkpoint = 0
@@ -104,9 +104,11 @@ class ReplayShard:
     def _global(self, local: np.ndarray) -> np.ndarray:
         return ids.encode(self.index, ids.incarnation_of(local, self.starts), local)
 
-    def _report(self) -> None:
-        """Tell the control about new ids and evictions (no reply awaited)."""
-        self.control.note.remote(self.index, self.incarnation, self._counters())
+    def _report(self, *, wait: bool = False) -> None:
+        """Tell the control about new ids and evictions (``wait``: for its reply)."""
+        future = self.control.note.remote(self.index, self.incarnation, self._counters())
+        if wait:
+            calls.get(future)
 
     # -------------------------------------------------------------------------- adding
     def add(self, packed: list[tuple[dict[str, Any], bool]]) -> np.ndarray:
@@ -122,7 +124,7 @@ class ReplayShard:
             for episode in episodes:
                 store.checked_schema(episode, schema)
         local = np.asarray(self.buffer.extend(episodes), dtype=np.int64)
-        self._report()
+        self._report(wait=True)  # the control knows every id before anyone gets one
         self.adds_since_checkpoint += len(episodes)
         every = self.settings["checkpoint_every"]
         if every is not None and self.adds_since_checkpoint >= every:
@@ -225,9 +227,10 @@ class ReplayShard:
         self.buffer.anneal_beta(fraction, final)
 
     # ----------------------------------------------------------------------- reporting
-    def issued(self) -> tuple[int, int, list[int]]:
-        """``(incarnation, next local id, first local id of each incarnation)``."""
-        return self.incarnation, self.buffer.episode_ids.stop, list(self.starts)
+    def issued(self) -> tuple[int, int, list[int], list[list[int]]]:
+        """``(incarnation, next local id, starts, issued ranges of replaced incarnations)``."""
+        ranges = [list(r) for r in self.ranges]
+        return self.incarnation, self.buffer.episode_ids.stop, list(self.starts), ranges
 
     def stats(self) -> dict[str, Any]:
         """The buffer's counters plus this shard's incarnation and process."""
@@ -242,7 +245,12 @@ class ReplayShard:
     # --------------------------------------------------------------------- persistence
     def save(self, directory: str) -> None:
         """Write this shard's file into ``directory`` (atomically)."""
-        meta = {"index": self.index, "incarnation": self.incarnation, "starts": self.starts}
+        meta = {
+            "index": self.index,
+            "incarnation": self.incarnation,
+            "starts": self.starts,
+            "issued": self.ranges,
+        }
         checkpoints.save_shard(self.buffer, checkpoints.shard_path(directory, self.index), meta)
         if os.path.abspath(directory) == self.settings["checkpoint_dir"]:
             self.adds_since_checkpoint = 0  # what a restart reloads is this file now
