@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import lucid_replay.distributed.manifest as manifest_checks
 from lucid_replay import checkpoint
 from lucid_replay.distributed.calls import get
 from lucid_replay.errors import CheckpointError
@@ -27,17 +28,8 @@ from lucid_replay.prioritized import PrioritizedSequenceReplay
 __all__: list[str] = []  # internal module
 
 MANIFEST = "manifest.json"
-FORMAT = "lucid_replay.sharded"
+FORMAT = manifest_checks.FORMAT
 VERSION = 1
-_ENTRIES = (
-    "config",
-    "control",
-    "rng",
-    "beta",
-    "cursor",
-    "max_priority",
-    "priority_updates_skipped",
-)
 
 
 def shard_path(directory: str | os.PathLike[str], index: int) -> Path:
@@ -92,8 +84,8 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     Raises
     ------
     CheckpointError
-        If there is no readable manifest of a known version, its checksum fails, or a shard
-        file it names is missing.
+        If there is no readable manifest of a known version, its checksum fails, an entry is
+        missing or invalid (the message names it), or a shard file it names is missing.
     FileNotFoundError
         If ``directory`` has no manifest.
     """
@@ -115,10 +107,8 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         )
     if manifest.get("checksum") != _digest(manifest):
         raise CheckpointError("manifest checksum must match its contents, got a mismatch")
-    missing = sorted(set(_ENTRIES) - set(manifest))
-    if missing:
-        raise CheckpointError(f"manifest must hold {sorted(_ENTRIES)}, got none for {missing}")
-    for index in range(int(manifest["config"]["num_shards"])):
+    manifest_checks.check(manifest)
+    for index in range(manifest["config"]["num_shards"]):
         if not shard_path(directory, index).exists():
             raise CheckpointError(
                 f"directory must hold every shard file, got none for shard {index}"
