@@ -363,6 +363,39 @@ def test_a_restarted_shard_reloads_its_checkpoint_and_counts_what_was_lost(tmp_p
     assert stale not in drawn and fresh[0] in drawn
 
 
+def _restart(replay: ShardedReplay, shard: int) -> None:
+    """What Ray does to a shard that died: a new one from its restart file, same control."""
+    settings = replay._shards[shard].target.settings
+    replay._shards[shard] = LocalHandle(
+        ReplayShard(shard, settings, replay._control, restarted=True)
+    )
+
+
+def test_after_a_restart_ids_the_old_incarnation_never_issued_are_refused(tmp_path):
+    """Incarnation 0 of shard 1 issued local ids 0..2 and was replaced after a checkpoint at
+    2: its id 2 was lost (skipped, counted), its id 40 was never issued (refused, nothing
+    updated on any shard), also after a save and a load."""
+    replay = _local(2, checkpoint_dir=tmp_path / "restart", checkpoint_every=2)
+    kept = replay.extend(make_episode(4) for _ in range(4))  # 2 per shard: checkpointed
+    lost = replay.extend(make_episode(4) for _ in range(2))  # 1 per shard, not saved
+    _restart(replay, 1)
+    never = int(ids.encode(1, np.array(0), np.array(40)))
+    replay.save(tmp_path / "saved")
+    loaded = ShardedReplay.load(tmp_path / "saved")
+    for target in (replay, loaded):
+        before = [snapshot(_buffer(target, k)) for k in range(2)]
+        skipped = target.stats()["priority_updates_skipped"]
+        with pytest.raises(InvalidArgumentError, match=r"indices\[1\] must be an issued episode"):
+            target.update_priorities([kept[0], never], [5.0, 5.0])
+        assert [snapshot(_buffer(target, k)) for k in range(2)] == before
+        assert target.stats()["priority_updates_skipped"] == skipped
+        assert target.update_priorities([kept[0], lost[1]], [5.0, 5.0]) == 1
+        assert target.stats()["priority_updates_skipped"] == skipped + 1
+        fresh = target.extend(make_episode(4) for _ in range(2))[1]
+        assert ids.decode(np.array([fresh]))[1].tolist() == [1]
+        assert target.update_priorities([fresh, kept[1]], [2.0, 3.0]) == 2
+
+
 # -------------------------------------------------------------------- collecting
 def test_episode_writer_adds_through_the_client():
     """EpisodeWriter takes the client as its buffer and returns global ids."""

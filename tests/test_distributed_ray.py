@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import make_episode
 
-from lucid_replay import EpisodeWriter, Window
+from lucid_replay import CheckpointError, EpisodeWriter, InvalidArgumentError, Window
 from lucid_replay.distributed import SampleToInsertRatio, ShardedReplay, ids
 
 ray = pytest.importorskip("ray", reason='needs Ray: pip install "lucid-replay[distributed]"')
@@ -125,7 +125,8 @@ class _Collector:
 
 def test_a_killed_shard_restarts_from_its_checkpoint(cluster, tmp_path):
     """Ray restarts a killed shard: it holds its last checkpoint, counts the episodes lost,
-    issues ids of a new incarnation and skips stale ones."""
+    issues ids of a new incarnation, skips stale ones and refuses ids its old incarnation
+    never issued with nothing updated."""
     replay = ShardedReplay.create(
         2, 2000, seed=3, backend="ray", checkpoint_dir=tmp_path, checkpoint_every=2
     )
@@ -145,12 +146,68 @@ def test_a_killed_shard_restarts_from_its_checkpoint(cluster, tmp_path):
     assert stats["shards"][0]["incarnation"] == 1
     assert stats["shards"][0]["episodes_stored"] == 2
     assert stats["episodes_lost"] == 1 and stats["transitions_lost"] == 6
+    never = int(ids.encode(0, np.array(0), np.array(40)))  # incarnation 0 issued 0..2
+    with pytest.raises(InvalidArgumentError, match=r"indices\[1\] must be an issued episode"):
+        replay.update_priorities([kept[1], never], [50.0, 50.0])
+    after = replay.stats()
+    assert [s["max_priority"] for s in after["shards"]] == [1.0, 1.0]
+    assert after["priority_updates_skipped"] == stats["priority_updates_skipped"] == 0
     fresh = replay.add(make_episode(6))
     assert ids.decode(np.array([fresh]))[1].tolist() == [1]
     assert replay.update_priorities([lost[0], kept[0]], [40.0, 2.0]) == 1
     batch = replay.sample_windows(64, Window(2))
     assert lost[0] not in set(batch.episode_ids.tolist())
     replay.close()
+
+
+def _named_actors_become(expected: set[str]) -> bool:
+    """Whether the named actors become ``expected`` (a kill takes effect asynchronously)."""
+    deadline = time.monotonic() + 30
+    while set(ray.util.list_named_actors()) != expected:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_ray_load_that_fails_is_a_checkpoint_error_and_leaves_no_actor(cluster, tmp_path):
+    """A damaged shard file or a bad manifest entry is refused before any actor starts; a
+    file a shard actor refuses is a CheckpointError too, and every actor the load started
+    (the named control among them) is stopped."""
+    from test_distributed_checkpoints import (
+        _rebind,
+        _rewrite,
+        _set,
+        _shard_paths,
+        _with_a_bad_inner_checksum,
+    )
+
+    replay = ShardedReplay.create(2, 2000, seed=0, backend="ray")
+    replay.extend(make_episode(10) for _ in range(6))
+    replay.save(tmp_path)
+    replay.close()
+    assert _named_actors_become(set())
+    path = _shard_paths(tmp_path)[1]
+    pristine = path.read_bytes()
+    data = bytearray(pristine)
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="must be the file its manifest binds"):
+        ShardedReplay.load(tmp_path)
+    assert ray.util.list_named_actors() == []
+    path.write_bytes(pristine)
+    manifest = (tmp_path / "manifest.json").read_text()
+    _rewrite(tmp_path, _set("control", "limiter", value=[1, 2]))
+    with pytest.raises(CheckpointError, match=r"manifest control\['limiter'\] must be a mapping"):
+        ShardedReplay.load(tmp_path)
+    assert ray.util.list_named_actors() == []
+    (tmp_path / "manifest.json").write_text(manifest)
+    _with_a_bad_inner_checksum(path)
+    _rebind(tmp_path)
+    with pytest.raises(CheckpointError, match="checksum must match its payload") as refused:
+        ShardedReplay.load(tmp_path)
+    assert type(refused.value) is CheckpointError
+    assert _named_actors_become(set())
 
 
 def test_a_ray_learner_waits_on_the_rate_limiter(cluster):

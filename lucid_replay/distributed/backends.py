@@ -6,15 +6,15 @@ for ``backend="ray"``.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
-import lucid_replay.distributed.checkpoints as checkpoints
 import lucid_replay.distributed.settings as settings
 from lucid_replay.distributed.calls import BACKENDS, LocalHandle, get
 from lucid_replay.distributed.control import Control
 from lucid_replay.distributed.shards import ReplayShard
-from lucid_replay.errors import must
+from lucid_replay.errors import CheckpointError, must
 
 __all__: list[str] = []  # internal module
 
@@ -51,7 +51,7 @@ def make_control(backend: str, name: str, *args: Any) -> Any:
 
 
 def make_shard(backend: str, index: int, shard: dict[str, Any], control: Any, **kw: Any) -> Any:
-    """A `ReplayShard` for ``backend`` (a handle either way).
+    """A `ReplayShard` for ``backend`` (a handle either way), not opened yet.
 
     A Ray shard gets the name of its control, which it looks up: an actor handle among the
     constructor arguments of a restartable actor would live in the object store, which Ray
@@ -66,23 +66,71 @@ def make_shard(backend: str, index: int, shard: dict[str, Any], control: Any, **
 
 
 def start(
-    config: dict[str, Any], saved: dict[str, Any] | None, directory: str | None
+    config: dict[str, Any], saved: dict[str, Any] | None, paths: list[str] | None
 ) -> tuple[list[Any], Any]:
-    """The shards and control of ``config`` (restored from ``directory`` if given)."""
+    """The shards and control of ``config``, restored from shard files ``paths`` if given.
+
+    Every shard opens (loads its file) before any writes its first restart file, so a load
+    that a shard refuses writes nothing. On any failure every actor started here is stopped
+    again; a shard's failure to load its file is a `CheckpointError` on both backends.
+    """
     backend = check_backend(config["backend"])
     limiter = settings.limiter_from(config["rate_limiter"])
-    name = f"lucid_replay-control-{uuid.uuid4().hex}"
-    control = make_control(backend, name, config["num_shards"], limiter)
-    if saved is not None:
-        get(control.restore.remote(saved["control"]))
-    reference = control if backend == "local" else name
-    shards = []
-    for k in range(config["num_shards"]):
-        restore = None if directory is None else str(checkpoints.shard_path(directory, k))
-        shard = settings.shard_settings(config, k)
-        shards.append(make_shard(backend, k, shard, reference, restore_path=restore))
-    get([s.issued.remote() for s in shards])  # every shard is up
+    replay = uuid.uuid4().hex
+    started: list[Any] = []
+    try:
+        control = make_control(
+            backend, f"lucid_replay-control-{replay}", config["num_shards"], limiter
+        )
+        started.append(control)
+        if saved is not None:
+            get(control.restore.remote(saved["control"]))
+        reference = control if backend == "local" else f"lucid_replay-control-{replay}"
+        shards = []
+        for k in range(config["num_shards"]):
+            shard = settings.shard_settings(config, k, replay)
+            restore = None if paths is None else paths[k]
+            shards.append(make_shard(backend, k, shard, reference, restore_path=restore))
+            started.append(shards[-1])
+        futures = [s.open.remote() for s in shards]
+        for k, future in enumerate(futures):
+            _opened(k, future, None if paths is None else paths[k])
+        get([s.first_checkpoint.remote() for s in shards])
+    except BaseException:
+        for handle in reversed(started):
+            kill(handle)
+        raise
     return shards, control
+
+
+def _opened(index: int, future: Any, path: str | None) -> None:
+    """Wait for shard ``index`` to open; its loading failure as a `CheckpointError`.
+
+    On Ray the shard's own `CheckpointError` comes back wrapped (a Ray error that is also a
+    `CheckpointError`), and a shard whose process died while loading is an actor error:
+    both become a plain `CheckpointError` naming the file.
+    """
+    try:
+        get(future)
+    except CheckpointError as error:
+        raise CheckpointError(str(getattr(error, "cause", error))) from None
+    except Exception as error:
+        if path is None or not _actor_died(error):
+            raise
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        raise CheckpointError(
+            f"shard {index} must load its file {path!r}, got its actor dead "
+            f"({type(error).__name__}: {lines[-1]})"
+        ) from error
+
+
+def _actor_died(error: Exception) -> bool:
+    """Whether ``error`` is Ray's for an actor that died (only Ray raises those)."""
+    if type(error).__module__.split(".")[0] != "ray":
+        return False
+    import ray
+
+    return isinstance(error, ray.exceptions.RayActorError)
 
 
 def pickled(backend: str, state: dict[str, Any]) -> dict[str, Any]:
@@ -96,9 +144,10 @@ def pickled(backend: str, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def kill(handle: Any) -> None:
-    """End an actor for good (``close``); nothing for an in-process object."""
+    """End an actor for good (``close``, a failed start); nothing for an in-process object."""
     if isinstance(handle, LocalHandle):
         return
     import ray
 
-    ray.kill(handle, no_restart=True)
+    with contextlib.suppress(Exception):  # already dead
+        ray.kill(handle, no_restart=True)

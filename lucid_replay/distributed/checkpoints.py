@@ -1,24 +1,42 @@
-"""Checkpoints of a sharded replay: a manifest and one atomic file per shard.
+"""Checkpoints of a sharded replay: one file per shard and a manifest that binds them.
 
-``save(directory)`` writes ``shard_<k>.lucid`` for every shard, then ``manifest.json``.
-A shard file is the buffer's own checkpoint (the format `PrioritizedSequenceReplay.save`
-writes, checksum included) with one more entry, ``shard``: its index, incarnation and the
-first local id of each incarnation. The manifest holds the configuration, the backend, the
-coordinator's random state, beta, the rate limiter's counters and what the shards share; it is
-written last, through a temporary file and a rename, so a directory with a manifest has every
-shard file it names. Restarts read the shard files a replay writes every
-``checkpoint_every`` adds into its ``checkpoint_dir``.
+``save(directory)`` is atomic as a whole. It picks the next save *generation* ``g``, has
+every shard write ``shard_<k>.g<g>.lucid`` (the buffer's own checkpoint format, checksum
+included, with one more entry, ``shard``: its index, incarnations, the replay it belongs to
+and ``g``), then writes ``manifest.json`` through a temporary file and a rename: that rename
+is the commit. The manifest binds each shard file by name, SHA-256 and size, and holds the
+configuration, the coordinator's random state, beta, the rate limiter's counters and what the
+shards share. Only after the commit are the previous generation's files removed; a save that
+fails before it removes the files it wrote, so the directory still holds the previous save.
+
+The restart files a replay writes into its ``checkpoint_dir`` (every ``checkpoint_every``
+adds, and once as it starts) are named ``restart_<k>.lucid``: they never replace a file a
+manifest binds. A `save` into the ``checkpoint_dir`` also makes each new shard file the
+shard's restart file (a hard link: the next restart checkpoint replaces the link, never the
+bound file).
+
+`load` checks, before any actor starts: the manifest (`lucid_replay.distributed.manifest`),
+then every shard file's size and SHA-256 (read in chunks: memory stays flat) and the index it
+records (read through a memory map, without loading its data). Manifests of version 1 (which
+named ``shard_<k>.lucid`` and bound nothing) still load; see `legacy_files`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import lucid_replay.distributed.manifest as manifest_checks
 from lucid_replay import checkpoint
 from lucid_replay.distributed.calls import get
 from lucid_replay.errors import CheckpointError
@@ -27,46 +45,190 @@ from lucid_replay.prioritized import PrioritizedSequenceReplay
 __all__: list[str] = []  # internal module
 
 MANIFEST = "manifest.json"
-FORMAT = "lucid_replay.sharded"
-VERSION = 1
-_ENTRIES = (
-    "config",
-    "control",
-    "rng",
-    "beta",
-    "cursor",
-    "max_priority",
-    "priority_updates_skipped",
-)
+FORMAT = manifest_checks.FORMAT
+VERSION = 2
+_GENERATION_FILE = re.compile(r"shard_(\d+)\.g(\d+)\.lucid")
+_LEGACY_FILE = re.compile(r"shard_(\d+)\.lucid")
+_CHUNK = 1 << 20  # bytes read at a time for a digest
 
 
-def shard_path(directory: str | os.PathLike[str], index: int) -> Path:
-    """Where shard ``index`` of a replay saved into ``directory`` lives."""
+# ------------------------------------------------------------------------------ names
+def shard_file(index: int, generation: int) -> str:
+    """The name of shard ``index``'s file in save ``generation``."""
+    return f"shard_{index}.g{generation}.lucid"
+
+
+def legacy_path(directory: str | os.PathLike[str], index: int) -> Path:
+    """Where a version-1 save put shard ``index``."""
     return Path(directory) / f"shard_{index}.lucid"
 
 
+def restart_path(directory: str | os.PathLike[str], index: int) -> Path:
+    """The restart file of shard ``index`` in a ``checkpoint_dir``."""
+    return Path(directory) / f"restart_{index}.lucid"
+
+
+# ---------------------------------------------------------------------------- shard files
 def save_shard(buffer: PrioritizedSequenceReplay, path: Path, meta: dict[str, Any]) -> None:
     """Write ``buffer`` with the shard's ``meta`` to ``path`` atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint.write(path, {**buffer.state_dict(), "shard": meta})
 
 
-def restore_shard(buffer: PrioritizedSequenceReplay, path: str | os.PathLike[str]) -> None:
-    """Load the shard file at ``path`` into ``buffer`` (configured as when it was saved).
+def digest(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """SHA-256 (hex) and size in bytes of the file at ``path``, read in 1 MiB chunks."""
+    sha, size = hashlib.sha256(), 0
+    with open(path, "rb") as file:
+        while chunk := file.read(_CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), size
+
+
+def entry(path: Path, index: int) -> dict[str, Any]:
+    """The manifest's entry for shard ``index``'s file at ``path`` (flushed to disk first)."""
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
+    sha, size = digest(path)
+    return {"index": index, "file": path.name, "sha256": sha, "bytes": size}
+
+
+def link(source: Path, target: Path) -> None:
+    """Make ``target`` the file ``source`` is, atomically (a hard link, else a copy)."""
+    temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}"
+    try:
+        try:
+            os.link(source, temporary)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(source, temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def restore_shard(
+    buffer: PrioritizedSequenceReplay,
+    path: str | os.PathLike[str],
+    index: int,
+    replay: str | None = None,
+) -> bool:
+    """Load shard ``index``'s file at ``path`` into ``buffer`` (configured as when saved).
+
+    With ``replay`` (a restart), a missing file or one another replay wrote is left alone:
+    returns False and ``buffer`` is unchanged.
 
     Raises
     ------
     CheckpointError
-        For a file that is not a shard file, is corrupt, or another configuration's.
+        For a file that is not a shard file, is corrupt, is another shard's, or another
+        configuration's.
     """
+    if replay is not None and not Path(path).is_file():
+        return False
     state = checkpoint.read(path)
-    if "shard" not in state:
+    meta = state.pop("shard", None)
+    if not isinstance(meta, dict):
         raise CheckpointError(f"path must be a shard file of a sharded replay, got {str(path)!r}")
-    state.pop("shard")
+    if replay is not None and meta.get("replay") != replay:
+        return False
+    if meta.get("index") != index:
+        raise CheckpointError(
+            f"shard file {str(path)!r} must hold shard {index}, got shard {meta.get('index')!r}"
+        )
     buffer.load_state_dict(state)
+    return True
 
 
-def _digest(manifest: dict[str, Any]) -> str:
+def _peek(path: Path) -> dict[str, Any]:
+    """The ``shard`` entry and table of a shard file, through a memory map (data unread)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # torch raises many types for truncated or foreign files
+        raise CheckpointError(
+            f"shard file {str(path)!r} must be a lucid_replay checkpoint, got an unreadable "
+            f"file ({type(error).__name__})"
+        ) from None
+    meta = state.get("shard") if isinstance(state, dict) else None
+    table = state.get("table") if isinstance(state, dict) else None
+    if not isinstance(meta, dict) or not isinstance(table, dict):
+        raise CheckpointError(
+            f"shard file {str(path)!r} must be a shard file of a sharded replay, got another file"
+        )
+    return {"meta": meta, "next_id": table.get("next_id")}
+
+
+def bound_files(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> list[str]:
+    """The shard files ``manifest`` names, each checked; their paths in shard order.
+
+    Raises
+    ------
+    CheckpointError
+        For a file that is missing, has another size or digest than the manifest binds, or
+        records another shard's index.
+    """
+    if manifest["version"] == 1:
+        return legacy_files(directory, manifest)
+    paths = []
+    for index, bound in enumerate(manifest["shards"]):
+        path = Path(directory) / bound["file"]
+        if not path.is_file():
+            raise CheckpointError(
+                f"directory must hold every shard file its manifest names, got none at "
+                f"{str(path)!r} (shard {index})"
+            )
+        sha, size = digest(path)
+        if (sha, size) != (bound["sha256"], bound["bytes"]):
+            raise CheckpointError(
+                f"shard file {str(path)!r} must be the file its manifest binds to shard "
+                f"{index} ({bound['bytes']} bytes, sha256 {bound['sha256'][:16]}...), got "
+                f"{size} bytes, sha256 {sha[:16]}...: another save's, another replay's, or "
+                f"damaged"
+            )
+        _check_index(path, index)
+        paths.append(str(path))
+    return paths
+
+
+def legacy_files(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> list[str]:
+    """The shard files of a version-1 manifest, checked as far as that format allows.
+
+    Version 1 bound no file to its manifest. Each file must record its shard's index, and
+    must not be newer than the manifest (hold an id the manifest's control never saw
+    issued), which is what an interrupted re-save or a restart checkpoint written over a
+    saved file leaves. A file replaced by an older save's cannot be told apart.
+    """
+    paths = []
+    for index in range(manifest["config"]["num_shards"]):
+        path = legacy_path(directory, index)
+        if not path.is_file():
+            raise CheckpointError(
+                f"directory must hold every shard file, got none at {str(path)!r} (shard {index})"
+            )
+        peeked = _check_index(path, index)
+        noted = manifest["control"]["noted"][index][0]
+        if not isinstance(peeked["next_id"], int) or peeked["next_id"] > noted:
+            raise CheckpointError(
+                f"shard file {str(path)!r} must be the state its manifest saved (ids up to "
+                f"{noted}), got one with next id {peeked['next_id']!r}: a later save or "
+                f"restart checkpoint replaced it"
+            )
+        paths.append(str(path))
+    return paths
+
+
+def _check_index(path: Path, index: int) -> dict[str, Any]:
+    peeked = _peek(path)
+    recorded = peeked["meta"].get("index")
+    if recorded != index:
+        raise CheckpointError(
+            f"shard file {str(path)!r} must hold shard {index}, got shard {recorded!r}"
+        )
+    return peeked
+
+
+# ---------------------------------------------------------------------------- manifest
+def _checksum(manifest: dict[str, Any]) -> str:
     body = {k: v for k, v in manifest.items() if k != "checksum"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -75,25 +237,33 @@ def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) 
     """Write ``manifest`` (JSON, with its checksum) atomically into ``directory``."""
     target = Path(directory) / MANIFEST
     payload = {"format": FORMAT, "version": VERSION, **manifest}
-    payload["checksum"] = _digest(payload)
+    payload["checksum"] = _checksum(payload)
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{MANIFEST}.")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             json.dump(payload, file, indent=1, sort_keys=True)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    with contextlib.suppress(OSError):  # the rename itself, on file systems that allow it
+        descriptor = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of a replay saved into ``directory``, checked.
+    """The manifest of a replay saved into ``directory``, every entry checked.
 
     Raises
     ------
     CheckpointError
-        If there is no readable manifest of a known version, its checksum fails, or a shard
-        file it names is missing.
+        If the manifest is unreadable, of an unknown format or version, fails its checksum,
+        or has an entry that is missing or invalid (the message names it).
     FileNotFoundError
         If ``directory`` has no manifest.
     """
@@ -109,21 +279,38 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"manifest must be a {FORMAT!r} manifest, got {str(path)!r}")
-    if manifest.get("version") != VERSION:
+    if manifest.get("version") not in (1, VERSION):
         raise CheckpointError(
-            f"manifest version must be {VERSION}, got {manifest.get('version')!r}"
+            f"manifest version must be 1 or {VERSION}, got {manifest.get('version')!r}"
         )
-    if manifest.get("checksum") != _digest(manifest):
+    if manifest.get("checksum") != _checksum(manifest):
         raise CheckpointError("manifest checksum must match its contents, got a mismatch")
-    missing = sorted(set(_ENTRIES) - set(manifest))
-    if missing:
-        raise CheckpointError(f"manifest must hold {sorted(_ENTRIES)}, got none for {missing}")
-    for index in range(int(manifest["config"]["num_shards"])):
-        if not shard_path(directory, index).exists():
-            raise CheckpointError(
-                f"directory must hold every shard file, got none for shard {index}"
-            )
+    manifest_checks.check(manifest)
     return manifest
+
+
+def _previous(directory: str) -> dict[str, Any] | None:
+    """The manifest a save replaces, if it is readable; None otherwise."""
+    try:
+        return read_manifest(directory)
+    except (OSError, CheckpointError):
+        return None
+
+
+def _generation(directory: str, previous: dict[str, Any] | None) -> int:
+    """One more than any generation the directory's manifest or file names hold."""
+    found = [int(previous.get("generation", 0))] if previous is not None else [0]
+    for name in os.listdir(directory):
+        match = _GENERATION_FILE.fullmatch(name)
+        if match:
+            found.append(int(match.group(2)))
+    return max(found) + 1
+
+
+def _remove(directory: str, names: list[str]) -> None:
+    for name in names:
+        with contextlib.suppress(OSError):  # the save is committed: a leftover is harmless
+            (Path(directory) / name).unlink(missing_ok=True)
 
 
 def adopt(replay: Any, manifest: dict[str, Any]) -> None:
@@ -136,17 +323,44 @@ def adopt(replay: Any, manifest: dict[str, Any]) -> None:
 
 
 def save_replay(replay: Any, directory: str | os.PathLike[str]) -> None:
-    """Every shard's file, then the manifest, into ``directory`` (created if needed)."""
-    path = os.fspath(directory)
+    """A new generation's shard files, then the manifest (the commit), then cleanup."""
+    path = os.path.abspath(os.fspath(directory))
     os.makedirs(path, exist_ok=True)
-    get([shard.save.remote(path) for shard in replay._shards])
-    manifest = {
-        "config": replay._config,
-        "control": get(replay._control.state.remote()),
-        "rng": replay._rng.bit_generator.state,
-        "beta": replay._beta,
-        "cursor": replay._cursor,
-        "max_priority": replay._global_max,
-        "priority_updates_skipped": replay._skipped,
-    }
-    write_manifest(path, manifest)
+    previous = _previous(path)
+    generation = _generation(path, previous)
+    futures = [shard.save.remote(path, generation) for shard in replay._shards]
+    entries, failure = [], None
+    for future in futures:  # every shard has finished writing before anything is removed
+        try:
+            entries.append(get(future))
+        except BaseException as error:
+            failure = failure or error
+    written = [shard_file(k, generation) for k in range(len(futures))]
+    try:
+        if failure is not None:
+            raise failure
+        write_manifest(
+            path,
+            {
+                "generation": generation,
+                "shards": entries,
+                "config": replay._config,
+                "control": get(replay._control.state.remote()),
+                "rng": replay._rng.bit_generator.state,
+                "beta": replay._beta,
+                "cursor": replay._cursor,
+                "max_priority": replay._global_max,
+                "priority_updates_skipped": replay._skipped,
+            },
+        )
+    except BaseException:
+        _remove(path, written)
+        raise
+    stale = [
+        name
+        for name in os.listdir(path)
+        if _GENERATION_FILE.fullmatch(name) and name not in written
+    ]
+    if previous is not None and previous["version"] == 1:
+        stale += [name for name in os.listdir(path) if _LEGACY_FILE.fullmatch(name)]
+    _remove(path, stale)

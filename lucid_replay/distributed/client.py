@@ -125,10 +125,12 @@ class ShardedReplay:
         backend
             ``"ray"`` (shard actors; calls `ray.init` if Ray is not running) or ``"local"``.
         checkpoint_dir
-            Where shards write their checkpoints and where a restarted shard reloads its own.
+            Where shards write their restart files (``restart_<k>.lucid``, once as they start,
+            then as ``checkpoint_every`` says) and where a restarted shard reloads its own.
+            Restart files never replace the files a `save` into the same directory binds.
         checkpoint_every
-            Each shard checkpoints itself after every ``checkpoint_every`` episodes it stored
-            (``None``: only when `save` writes into ``checkpoint_dir``).
+            Each shard writes its restart file after every ``checkpoint_every`` episodes it
+            stored (``None``: only when `save` writes into ``checkpoint_dir``).
 
         Raises
         ------
@@ -150,24 +152,53 @@ class ShardedReplay:
 
     @classmethod
     def _start(
-        cls, config: dict[str, Any], saved: dict[str, Any] | None, directory: str | None
+        cls, config: dict[str, Any], saved: dict[str, Any] | None, paths: list[str] | None
     ) -> ShardedReplay:
-        shards, control = backends.start(config, saved, directory)
+        shards, control = backends.start(config, saved, paths)
         return cls(config, shards, control)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str]) -> ShardedReplay:
+    def load(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int | None = None,
+    ) -> ShardedReplay:
         """Restart a replay written by `save`, with its backend and configuration.
 
-        Later draws and ids equal those the saved replay would have made.
+        Later draws and ids equal those the saved replay would have made. Everything is
+        checked before any shard starts (the manifest's entries, every shard file's size,
+        SHA-256 and index) and every shard loads its file before any writes: a refused load
+        starts nothing and writes nothing.
+
+        Parameters
+        ----------
+        directory
+            What `save` wrote into.
+        checkpoint_dir, checkpoint_every
+            Where the loaded replay writes its restart files, as in `create`. Both default to
+            ``None``: a loaded replay writes no restart files, whatever the saved replay's
+            ``checkpoint_dir`` was (that replay may still be running and using it); pass the
+            saved directory again to continue a run that stopped. Without one, a restarted
+            shard reloads its file in ``directory`` while a later save has not replaced it.
 
         Raises
         ------
         CheckpointError
-            For a directory without a readable, consistent manifest and shard files.
+            For a directory without a readable, consistent manifest, with a shard file that
+            is missing, not the one the manifest binds, or another shard's, or that a shard
+            cannot load (on Ray too: the actors started are stopped again).
+        InvalidArgumentError, TypeError
+            For ``checkpoint_dir`` and ``checkpoint_every`` as `create` refuses them.
+        FileNotFoundError
+            If ``directory`` has no manifest.
         """
+        restart_dir, every = settings.checked_checkpoints(checkpoint_dir, checkpoint_every)
         manifest = checkpoints.read_manifest(directory)
-        replay = cls._start(manifest["config"], manifest, str(directory))
+        paths = checkpoints.bound_files(directory, manifest)
+        config = {**manifest["config"], "checkpoint_dir": restart_dir, "checkpoint_every": every}
+        replay = cls._start(config, manifest, paths)
         checkpoints.adopt(replay, manifest)
         return replay
 
@@ -347,7 +378,9 @@ class ShardedReplay:
         Extra keys: ``episodes_lost`` / ``transitions_lost`` (with shards that died since
         their last checkpoint), ``priority_updates_skipped`` (ids evicted or lost, counted
         by this client), ``shards`` (each shard's own stats, incarnation and process) and
-        ``limiter`` (the rate limiter's counters, or ``None``).
+        ``limiter`` (the rate limiter's counters, or ``None``: ``inserts`` transitions the
+        shards stored, ``pending`` admitted but not stored yet, ``deletes`` evicted or lost,
+        ``samples`` drawn; ``size`` and ``error`` count stored transitions only).
         """
         self._check_open()
         per_shard = calls.get([s.stats.remote() for s in self._shards])
@@ -357,7 +390,13 @@ class ShardedReplay:
 
     # ---------------------------------------------------------------------- persistence
     def save(self, directory: str | os.PathLike[str]) -> None:
-        """Write every shard's file, then the manifest, into ``directory`` (created)."""
+        """Write every shard's file, then the manifest that binds them, into ``directory``.
+
+        Atomic as a whole: the new files get new names, the manifest's rename commits them,
+        and only then are the previous save's files removed; a save that fails leaves the
+        previous one loadable (`lucid_replay.distributed.checkpoints`). ``directory`` is
+        created if needed; one replay saves into it at a time.
+        """
         self._check_open()
         with self._lock:
             checkpoints.save_replay(self, directory)

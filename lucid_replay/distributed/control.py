@@ -6,9 +6,11 @@ one Ray actor (threaded, so that a blocked insert never holds up a sample) for
 
 * the rate limiter's counters and waits (`RateLimiter`);
 * the schema the first stored episode fixed, so that every shard stores the same fields;
-* per shard, the first local id of each incarnation (``starts``) and the highest id and
-  transition counters the running incarnation reported, from which a restart counts what
-  was lost.
+* per shard, the first local id of each incarnation (``starts``, which attribute stored ids
+  to the incarnation that issued them), the range of local ids each replaced incarnation
+  actually issued (``issued``: ``[first, end)``, its end being the ``next_id`` it had
+  reported when it was replaced), and the highest id and transition counters the running
+  incarnation reported, from which a restart counts what was lost.
 
 Reports from shards (`note`) carry cumulative counters of one incarnation and are applied as
 maxima, so they may arrive in any order.
@@ -37,6 +39,8 @@ class Control:
         self._lock = threading.Lock()
         self._schema: dict[str, Any] | None = None
         self._starts: list[list[int]] = [[0] for _ in range(num_shards)]
+        # Per shard, [first, end) of the local ids each replaced incarnation issued.
+        self._issued: list[list[list[int]]] = [[] for _ in range(num_shards)]
         # Per shard, for its running incarnation: [next_id, transitions added, evicted].
         self._noted: list[list[int]] = [[0, 0, 0] for _ in range(num_shards)]
         self._lost = [{"episodes": 0, "transitions": 0} for _ in range(num_shards)]
@@ -46,9 +50,13 @@ class Control:
         """`RateLimiter.try_acquire`."""
         return self.limiter.try_acquire(n, inserting=inserting, wait_s=wait_s)
 
-    def release(self, inserts: int = 0, samples: int = 0) -> None:
-        """Undo the counted inserts or samples of a refused call."""
-        self.limiter.release(inserts=inserts, samples=samples)
+    def commit_insert(self, stored: int, refused: int) -> None:
+        """`RateLimiter.commit_insert`: an add's shards replied."""
+        self.limiter.commit_insert(stored, refused)
+
+    def release(self, samples: int = 0) -> None:
+        """Undo the counted samples of a refused draw."""
+        self.limiter.release(samples=samples)
 
     # ------------------------------------------------------------------------- schema
     def propose_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
@@ -65,12 +73,13 @@ class Control:
     # ------------------------------------------------------------------ incarnations
     def join(
         self, shard: int, restarted: bool, counters: tuple[int, int, int]
-    ) -> tuple[int, list[int]]:
+    ) -> tuple[int, list[int], list[list[int]]]:
         """A shard (re)starting with ``counters`` = (next_id, added, evicted) restored.
 
-        Returns its incarnation and the starts of every incarnation. A restart opens a new
-        incarnation from the restored ``next_id`` and counts what the previous one had that
-        the restored state lacks.
+        Returns its incarnation, the starts of every incarnation and the issued ranges of
+        the replaced ones. A restart opens a new incarnation from the restored ``next_id``,
+        closes the previous one's range at the ``next_id`` it last reported (every id it
+        handed out was reported first: `note`), and counts what the restored state lacks.
         """
         with self._lock:
             starts = self._starts[shard]
@@ -84,6 +93,7 @@ class Control:
                 last_id, last_added, last_evicted = self._noted[shard]
                 lost_episodes = max(last_id - next_id, 0)
                 lost = (last_added - last_evicted) - (added - evicted)
+                self._issued[shard].append([starts[-1], max(last_id, starts[-1])])
                 self._lost[shard]["episodes"] += lost_episodes
                 self._lost[shard]["transitions"] += max(lost, 0)
                 self.limiter.release(deletes=lost)
@@ -92,10 +102,14 @@ class Control:
                 starts[:] = [min(start, next_id) for start in starts]
                 starts.append(next_id)
             self._noted[shard] = list(counters)
-            return len(starts) - 1, list(starts)
+            return len(starts) - 1, list(starts), [list(r) for r in self._issued[shard]]
 
     def note(self, shard: int, incarnation: int, counters: tuple[int, int, int]) -> None:
-        """A shard's cumulative (next_id, added, evicted); evictions count as deletes."""
+        """A shard's cumulative (next_id, added, evicted); evictions count as deletes.
+
+        A shard reports new ids before it hands them out, so that the end of what an
+        incarnation issued is known when it is replaced.
+        """
         with self._lock:
             if incarnation != len(self._starts[shard]) - 1:
                 return  # a report of an incarnation already replaced
@@ -107,22 +121,33 @@ class Control:
 
     # ---------------------------------------------------------------------- reporting
     def state(self) -> dict[str, Any]:
-        """Limiter counters, schema, starts and losses (for `stats` and checkpoints)."""
+        """Limiter counters, schema, incarnations and losses (for `stats` and checkpoints)."""
         with self._lock:
             return {
                 "limiter": self.limiter.state(),
                 "schema": self._schema,
                 "starts": [list(s) for s in self._starts],
+                "issued": [[list(r) for r in ranges] for ranges in self._issued],
                 "noted": [list(n) for n in self._noted],
                 "lost": [dict(lost) for lost in self._lost],
             }
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Adopt a `state` saved with a replay of as many shards."""
+        """Adopt a `state` saved with a replay of as many shards (checked by the caller).
+
+        A state saved before issued ranges were kept has none: each replaced incarnation is
+        then taken to have issued every local id from its start on (its ids past the next
+        start count as lost, never as refused).
+        """
         with self._lock:
             self.limiter.restore(state["limiter"])
             self._schema = state["schema"]
             self._starts = [list(s) for s in state["starts"]]
+            if "issued" in state:
+                self._issued = [[list(r) for r in ranges] for ranges in state["issued"]]
+            else:
+                unbounded = ids.MAX_LOCAL + 1
+                self._issued = [[[s, unbounded] for s in starts[:-1]] for starts in self._starts]
             self._noted = [list(n) for n in state["noted"]]
             self._lost = [dict(lost) for lost in state["lost"]]
 

@@ -60,8 +60,9 @@ def complete(replay: Any, pending: draw.Pending, target: torch.device) -> Batch 
 def acquire(
     replay: Any, n: int, *, inserting: bool, timeout: float | None, quiet: bool = False
 ) -> bool:
-    """Wait until the limiter counts ``n`` inserts (transitions) or samples.
+    """Wait until the limiter admits ``n`` inserts or counts ``n`` samples.
 
+    Admitted inserts (transitions) stay pending until `settle` says what was stored.
     Raises `RateLimiterTimeout` after ``timeout`` seconds (``quiet``: returns False).
     """
     if replay._config["rate_limiter"] is None:
@@ -81,10 +82,16 @@ def acquire(
             )
 
 
-def release(replay: Any, inserts: int = 0, samples: int = 0) -> None:
-    """Give back what a refused call took from the limiter."""
+def settle(replay: Any, stored: int, refused: int) -> None:
+    """An admitted insert's outcome: ``stored`` transitions count now, ``refused`` never."""
     if replay._config["rate_limiter"] is not None:
-        calls.get(replay._control.release.remote(inserts, samples))
+        calls.get(replay._control.commit_insert.remote(stored, refused))
+
+
+def release(replay: Any, samples: int) -> None:
+    """Give back the samples a refused draw took from the limiter."""
+    if replay._config["rate_limiter"] is not None:
+        calls.get(replay._control.release.remote(samples))
 
 
 def draw_batch(

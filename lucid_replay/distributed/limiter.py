@@ -1,12 +1,17 @@
 """Rate limiting as Reverb does it: `SampleToInsertRatio` and `MinSize`, and their state machine.
 
-A limiter keeps three counters: ``inserts`` (transitions offered to the replay), ``deletes``
-(transitions evicted or lost since) and ``samples`` (chunks or windows drawn). The replay's
-size is ``inserts - deletes``. With ``error = inserts * samples_per_insert - samples``:
+A limiter keeps four counters: ``inserts`` (transitions the shards have stored), ``pending``
+(transitions admitted but not stored yet: an add in flight), ``deletes`` (transitions evicted
+or lost since) and ``samples`` (chunks or windows drawn). An insert is admitted against what
+will be stored once every admitted add lands (``inserts + pending``), and counts towards what
+samplers wait on only once the shards stored it (`RateLimiter.commit_insert`): a sampler
+waiting for ``min_size`` is never released into a replay that does not hold the data yet.
+With ``size = inserts - deletes`` and ``error = inserts * samples_per_insert - samples``:
 
 * a sample of ``n`` may proceed iff ``size >= min_size`` and ``error - n >= min_diff``;
-* an insert of ``n`` transitions may proceed iff ``size + n <= min_size`` (inserts are free
-  until the replay can be sampled) or ``error + n * samples_per_insert <= max_diff``.
+* an insert of ``n`` transitions may proceed iff ``size' + n <= min_size`` (inserts are free
+  until the replay can be sampled) or ``error' + n * samples_per_insert <= max_diff``, where
+  ``size'`` and ``error'`` count the pending transitions as inserted.
 
 A call that may not proceed waits (up to its ``timeout``) until another call moves the
 counters, then raises `RateLimiterTimeout` with nothing counted.
@@ -150,7 +155,8 @@ class RateLimiter:
     """The counters of a limiter and the waits on them (thread-safe).
 
     Every method is one atomic step; `acquire_insert` / `acquire_sample` wait on a condition
-    until the step is allowed or ``timeout`` seconds passed (``None``: no limit).
+    until the step is allowed or ``timeout`` seconds passed (``None``: no limit). An admitted
+    insert is pending until `commit_insert` says how much of it the shards stored.
     """
 
     def __init__(self, config: RateLimiterConfig | None) -> None:
@@ -158,6 +164,7 @@ class RateLimiter:
         bounds = (0, 1.0, -float("inf"), float("inf")) if config is None else config.bounds()
         self.min_size, self.samples_per_insert, self.min_diff, self.max_diff = bounds
         self.inserts = 0
+        self.pending = 0
         self.deletes = 0
         self.samples = 0
         self._changed = threading.Condition()
@@ -165,26 +172,27 @@ class RateLimiter:
     # -------------------------------------------------------------------------- rules
     @property
     def size(self) -> int:
-        """Transitions stored: ``inserts - deletes``."""
+        """Transitions stored: ``inserts - deletes`` (pending inserts not included)."""
         return self.inserts - self.deletes
 
-    def error(self) -> float:
-        """``inserts * samples_per_insert - samples``."""
-        return self.inserts * self.samples_per_insert - self.samples
+    def error(self, pending: bool = False) -> float:
+        """``inserts * samples_per_insert - samples`` (``pending``: as if they were stored)."""
+        inserts = self.inserts + (self.pending if pending else 0)
+        return inserts * self.samples_per_insert - self.samples
 
     def can_insert(self, n: int) -> bool:
-        """Whether an insert of ``n`` transitions may proceed now."""
-        if self.size + n <= self.min_size:
+        """Whether an insert of ``n`` transitions may proceed now (pending ones counted)."""
+        if self.size + self.pending + n <= self.min_size:
             return True
-        return self.error() + n * self.samples_per_insert <= self.max_diff
+        return self.error(pending=True) + n * self.samples_per_insert <= self.max_diff
 
     def can_sample(self, n: int) -> bool:
-        """Whether a sample of ``n`` chunks or windows may proceed now."""
+        """Whether a sample of ``n`` chunks or windows may proceed now (stored data only)."""
         return self.size >= self.min_size and self.error() - n >= self.min_diff
 
     # -------------------------------------------------------------------------- steps
     def acquire_insert(self, n: int, timeout: float | None) -> None:
-        """Count an insert of ``n`` transitions once allowed; `RateLimiterTimeout` if not."""
+        """Admit an insert of ``n`` transitions (pending) once allowed; else time out."""
         self._acquire(n, timeout, inserting=True)
 
     def acquire_sample(self, n: int, timeout: float | None) -> None:
@@ -205,7 +213,7 @@ class RateLimiter:
                     )
                 self._changed.wait(left)
             if inserting:
-                self.inserts += n
+                self.pending += n
             else:
                 self.samples += n
             self._changed.notify_all()
@@ -222,19 +230,33 @@ class RateLimiter:
             return False
         return True
 
-    def release(self, inserts: int = 0, samples: int = 0, deletes: int = 0) -> None:
-        """Undo counted inserts or samples of a refused call, or count deleted transitions."""
+    def commit_insert(self, stored: int, refused: int = 0) -> None:
+        """Of admitted (pending) transitions, count ``stored`` as inserted, drop ``refused``.
+
+        What samplers wait on moves here, once the shards replied, never at admission.
+        """
         with self._changed:
-            self.inserts -= inserts
+            self.pending -= stored + refused
+            self.inserts += stored
+            self._changed.notify_all()
+
+    def release(self, samples: int = 0, deletes: int = 0) -> None:
+        """Undo the counted samples of a refused draw, or count deleted transitions."""
+        with self._changed:
             self.samples -= samples
             self.deletes += deletes
             self._changed.notify_all()
 
     # ----------------------------------------------------------------------- reporting
     def state(self) -> dict[str, Any]:
-        """The counters and the band, for `stats` and checkpoints."""
+        """The counters and the band, for `stats` and checkpoints.
+
+        ``inserts``: transitions stored; ``pending``: admitted, not stored yet; ``deletes``:
+        evicted or lost; ``samples``: drawn; ``size`` and ``error`` from the stored ones.
+        """
         return {
             "inserts": self.inserts,
+            "pending": self.pending,
             "deletes": self.deletes,
             "samples": self.samples,
             "size": self.size,
@@ -245,9 +267,10 @@ class RateLimiter:
         }
 
     def restore(self, counters: dict[str, int]) -> None:
-        """Adopt saved ``inserts``, ``deletes`` and ``samples``."""
+        """Adopt saved ``inserts``, ``deletes`` and ``samples`` (nothing is pending then)."""
         with self._changed:
             self.inserts = int(counters["inserts"])
+            self.pending = 0
             self.deletes = int(counters["deletes"])
             self.samples = int(counters["samples"])
             self._changed.notify_all()

@@ -1,14 +1,16 @@
 """Routing of a sharded replay: adds round robin, priority updates and write-backs by id.
 
 Adds go to the shards in turn, one call per shard per `extend`, after the limiter admitted
-their transitions (given back if a shard refuses them). Priority updates are checked whole,
-routed by id, and the maximum priority is kept global.
+their transitions; what each shard stored counts towards what samplers wait on once it
+replied, what a shard refused is given back. Priority updates are checked whole, routed by
+id, and the maximum priority is kept global.
 
 An update is refused, on every shard, if any id is one no shard issued: negative, of a shard
-the replay does not have, of an incarnation that has not started, or beyond what its
-incarnation issued. The client knows each shard's marks (incarnation, next local id, first
-local id of each incarnation) from earlier replies and asks again only for a shard whose
-marks an id exceeds. Ids a shard issued but lost in a restart, or evicted, are skipped there.
+the replay does not have, of an incarnation that has not started, or outside what its
+incarnation issued (``[start, next id)`` for the running one, the range it had issued when
+it was replaced for an earlier one). The client knows each shard's marks from earlier
+replies and asks again only for a shard whose marks an id falls outside. Ids a shard issued
+but lost in a restart, or evicted, are skipped there.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from lucid_replay.schema import Schema
 
 __all__: list[str] = []  # internal module
 
-Mark = tuple[int, int, list[int]]  # incarnation, next local id, starts of every incarnation
+# Incarnation, next local id, starts of every incarnation, [first, end) of each replaced one.
+Mark = tuple[int, int, list[int], list[list[int]]]
 
 
 def update(replay: Any, indices: Any, errors: Any) -> int:
@@ -90,10 +93,11 @@ def _never_issued(
         if mark is None:
             bad |= mine
             continue
-        current, next_id, starts = mark
+        current, next_id, starts, ranges = mark
+        bounds = np.asarray([*ranges, [starts[current], next_id]], dtype=np.int64)
         inc, loc = incarnation[mine], local[mine]
-        first = np.asarray(starts, dtype=np.int64)[np.minimum(inc, current)]
-        bad[mine] = (inc > current) | ((inc == current) & (loc >= next_id)) | (loc < first)
+        first, end = bounds[np.minimum(inc, current)].T
+        bad[mine] = (inc > current) | (loc < first) | (loc >= end)
     return bad
 
 
@@ -128,20 +132,30 @@ def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
     settings.check_episodes(episodes, replay._schema, replay.shard_capacity)
     if not episodes:
         return []
-    transitions = sum(len(e) for e in episodes)
+    lengths = np.array([len(e) for e in episodes], dtype=np.int64)
+    transitions = int(lengths.sum())
     coordination.acquire(replay, transitions, inserting=True, timeout=timeout)
     targets = (replay._cursor + np.arange(len(episodes))) % replay.num_shards
+    futures: dict[int, Any] = {}
+    replies: dict[int, np.ndarray] = {}
+    failure: BaseException | None = None
     try:
-        futures = {
-            k: replay._shards[k].add.remote(
-                [transport.pack_episode(episodes[i]) for i in np.flatnonzero(targets == k)]
+        for k in np.unique(targets).tolist():
+            mine = np.flatnonzero(targets == k)
+            futures[k] = replay._shards[k].add.remote(
+                [transport.pack_episode(episodes[i]) for i in mine]
             )
-            for k in np.unique(targets).tolist()
-        }
-        replies = dict(zip(futures, calls.get(list(futures.values())), strict=True))
-    except BaseException:
-        coordination.release(replay, inserts=transitions)
-        raise
+    except BaseException as error:
+        failure = error
+    for k, future in futures.items():  # each shard's reply, also when another one failed
+        try:
+            replies[k] = calls.get(future)
+        except BaseException as error:
+            failure = failure or error
+    stored = sum(int(lengths[targets == k].sum()) for k in replies)
+    coordination.settle(replay, stored, transitions - stored)
+    if failure is not None:
+        raise failure
     with replay._lock:
         replay._cursor += len(episodes)  # only once stored: a refused call routes nothing
     result = np.empty(len(episodes), dtype=np.int64)

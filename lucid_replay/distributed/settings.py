@@ -50,16 +50,9 @@ def checked(**arguments: Any) -> dict[str, Any]:
     limiter = check_limiter(arguments["rate_limiter"])
     if arguments["backend"] not in calls.BACKENDS:
         raise must("backend", f"one of {calls.BACKENDS}", arguments["backend"])
-    directory = arguments["checkpoint_dir"]
-    if directory is not None:
-        if not isinstance(directory, str | os.PathLike):
-            raise wrong_type("checkpoint_dir", "a path or None", directory)
-        directory = os.path.abspath(os.fspath(directory))
-    every = arguments["checkpoint_every"]
-    if every is not None:
-        every = check_int("checkpoint_every", every, minimum=1)
-        if directory is None:
-            raise must("checkpoint_every", "None without a checkpoint_dir", every)
+    directory, every = checked_checkpoints(
+        arguments["checkpoint_dir"], arguments["checkpoint_every"]
+    )
     return {
         "num_shards": num_shards,
         "shard_capacity": capacity // num_shards,
@@ -76,8 +69,21 @@ def checked(**arguments: Any) -> dict[str, Any]:
     }
 
 
-def shard_settings(config: dict[str, Any], index: int) -> dict[str, Any]:
-    """What shard ``index``'s constructor takes."""
+def checked_checkpoints(directory: Any, every: Any) -> tuple[str | None, int | None]:
+    """``checkpoint_dir`` (made absolute) and ``checkpoint_every``, checked together."""
+    if directory is not None:
+        if not isinstance(directory, str | os.PathLike) or isinstance(os.fspath(directory), bytes):
+            raise wrong_type("checkpoint_dir", "a path or None", directory)
+        directory = os.path.abspath(os.fspath(directory))
+    if every is not None:
+        every = check_int("checkpoint_every", every, minimum=1)
+        if directory is None:
+            raise must("checkpoint_every", "None without a checkpoint_dir", every)
+    return directory, every
+
+
+def shard_settings(config: dict[str, Any], index: int, replay: str) -> dict[str, Any]:
+    """What shard ``index``'s constructor takes; ``replay`` names the running replay."""
     return {
         "capacity": config["shard_capacity"],
         "alpha": config["alpha"],
@@ -88,6 +94,7 @@ def shard_settings(config: dict[str, Any], index: int) -> dict[str, Any]:
         "max_times_sampled": config["max_times_sampled"],
         "checkpoint_dir": config["checkpoint_dir"],
         "checkpoint_every": config["checkpoint_every"],
+        "replay": replay,
     }
 
 

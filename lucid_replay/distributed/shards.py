@@ -5,15 +5,18 @@ Everything it returns is plain data (numpy arrays, ints, floats), with episode i
 global (`lucid_replay.distributed.ids`). A shard draws only what its coordinator asks for
 (`ShardHooks.draw_kept`), from its own tree and its own random stream.
 
-Its constructor also runs when Ray restarts a dead shard: it then reloads the latest
-checkpoint of its shard and joins as a new incarnation, so the ids it issues from then on
-differ from those of the episodes lost with the previous incarnation.
+A shard starts in two steps: its constructor builds an empty buffer, and `open` loads the
+file `ShardedReplay.load` gave it (checked: it must be this shard's) and joins the control;
+`first_checkpoint` writes its restart file only once every shard of the replay opened, so
+a refused load writes nothing. The constructor also runs when Ray restarts a dead shard: it
+then reloads its own restart file (or the file it was loaded from) and joins as a new
+incarnation at once, so the ids it issues from then on differ from those of the episodes lost
+with the previous incarnation.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +44,14 @@ class ReplayShard:
         The shard's number, ``0 .. num_shards - 1``.
     settings
         ``capacity`` (of this shard), ``alpha``, ``beta``, ``epsilon``, ``unit``, ``seed``,
-        ``max_times_sampled``, ``checkpoint_dir`` and ``checkpoint_every``.
+        ``max_times_sampled``, ``checkpoint_dir``, ``checkpoint_every`` and ``replay`` (the
+        running replay's identity, written into its restart files).
     control
         Handle of the replay's `Control`, or the name of its Ray actor.
     restore_path
-        A shard file to start from (`ShardedReplay.load`).
+        A shard file to start from (`ShardedReplay.load`), loaded by `open`.
     restarted
-        Whether this is a restart; ``None`` asks Ray.
+        Whether this is a restart (which reloads and joins at once); ``None`` asks Ray.
     """
 
     def __init__(
@@ -74,27 +78,57 @@ class ReplayShard:
             max_times_sampled=settings["max_times_sampled"],
         )
         self.hooks = ShardHooks(self.buffer)
+        self.restore_path = restore_path
+        self.incarnation, self.starts = 0, [0]
+        self.ranges: list[list[int]] = []  # [first, end) issued by each replaced incarnation
+        self.adds_since_checkpoint = 0
         if restarted is None:
             restarted = calls.restarted_actor()
-        source = restore_path
-        own = self._checkpoint_path()
-        if restarted and own is not None and own.exists():
-            source = str(own)
-        if source is not None:
-            checkpoints.restore_shard(self.buffer, source)
-        self.incarnation, self.starts = calls.get(
-            control.join.remote(index, restarted, self._counters())
-        )
-        self.adds_since_checkpoint = 0
-        if own is not None and not restarted:
-            # A first checkpoint, so that a restart never reloads another replay's file
-            # left in the same directory.
+        if restarted:
+            self._reload()
+            self._join(restarted=True)
+
+    def open(self) -> None:
+        """First start: load the file of `ShardedReplay.load` (if any), then join.
+
+        Raises
+        ------
+        CheckpointError
+            If that file is not a readable shard file of this shard and configuration.
+        """
+        if self.restore_path is not None:
+            checkpoints.restore_shard(self.buffer, self.restore_path, self.index)
+        self._join(restarted=False)
+
+    def first_checkpoint(self) -> None:
+        """Write the restart file of a replay just started (with a ``checkpoint_dir``).
+
+        So that a restart never reloads another replay's file.
+        """
+        if self.settings["checkpoint_dir"] is not None:
             self.checkpoint()
 
+    def _reload(self) -> None:
+        """A restart's state: its own restart file, else the file it was loaded from.
+
+        A restart file another replay wrote is never reloaded; the file of `load` is gone
+        once a later save into its directory replaced it. Without either, it starts empty.
+        """
+        own = self._restart_path()
+        replay = self.settings["replay"]
+        if own is not None and checkpoints.restore_shard(self.buffer, own, self.index, replay):
+            return
+        if self.restore_path is not None and Path(self.restore_path).is_file():
+            checkpoints.restore_shard(self.buffer, self.restore_path, self.index)
+
+    def _join(self, *, restarted: bool) -> None:
+        joined = calls.get(self.control.join.remote(self.index, restarted, self._counters()))
+        self.incarnation, self.starts, self.ranges = joined
+
     # ------------------------------------------------------------------------ helpers
-    def _checkpoint_path(self) -> Path | None:
+    def _restart_path(self) -> Path | None:
         directory = self.settings["checkpoint_dir"]
-        return None if directory is None else checkpoints.shard_path(directory, self.index)
+        return None if directory is None else checkpoints.restart_path(directory, self.index)
 
     def _counters(self) -> tuple[int, int, int]:
         stats = self.buffer.stats()
@@ -104,9 +138,11 @@ class ReplayShard:
     def _global(self, local: np.ndarray) -> np.ndarray:
         return ids.encode(self.index, ids.incarnation_of(local, self.starts), local)
 
-    def _report(self) -> None:
-        """Tell the control about new ids and evictions (no reply awaited)."""
-        self.control.note.remote(self.index, self.incarnation, self._counters())
+    def _report(self, *, wait: bool = False) -> None:
+        """Tell the control about new ids and evictions (``wait``: for its reply)."""
+        future = self.control.note.remote(self.index, self.incarnation, self._counters())
+        if wait:
+            calls.get(future)
 
     # -------------------------------------------------------------------------- adding
     def add(self, packed: list[tuple[dict[str, Any], bool]]) -> np.ndarray:
@@ -122,7 +158,7 @@ class ReplayShard:
             for episode in episodes:
                 store.checked_schema(episode, schema)
         local = np.asarray(self.buffer.extend(episodes), dtype=np.int64)
-        self._report()
+        self._report(wait=True)  # the control knows every id before anyone gets one
         self.adds_since_checkpoint += len(episodes)
         every = self.settings["checkpoint_every"]
         if every is not None and self.adds_since_checkpoint >= every:
@@ -225,9 +261,10 @@ class ReplayShard:
         self.buffer.anneal_beta(fraction, final)
 
     # ----------------------------------------------------------------------- reporting
-    def issued(self) -> tuple[int, int, list[int]]:
-        """``(incarnation, next local id, first local id of each incarnation)``."""
-        return self.incarnation, self.buffer.episode_ids.stop, list(self.starts)
+    def issued(self) -> tuple[int, int, list[int], list[list[int]]]:
+        """``(incarnation, next local id, starts, issued ranges of replaced incarnations)``."""
+        ranges = [list(r) for r in self.ranges]
+        return self.incarnation, self.buffer.episode_ids.stop, list(self.starts), ranges
 
     def stats(self) -> dict[str, Any]:
         """The buffer's counters plus this shard's incarnation and process."""
@@ -240,13 +277,37 @@ class ReplayShard:
         }
 
     # --------------------------------------------------------------------- persistence
-    def save(self, directory: str) -> None:
-        """Write this shard's file into ``directory`` (atomically)."""
-        meta = {"index": self.index, "incarnation": self.incarnation, "starts": self.starts}
-        checkpoints.save_shard(self.buffer, checkpoints.shard_path(directory, self.index), meta)
-        if os.path.abspath(directory) == self.settings["checkpoint_dir"]:
-            self.adds_since_checkpoint = 0  # what a restart reloads is this file now
+    def _meta(self, generation: int | None) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "incarnation": self.incarnation,
+            "starts": list(self.starts),
+            "issued": [list(r) for r in self.ranges],
+            "replay": self.settings["replay"],
+            "generation": generation,
+        }
+
+    def save(self, directory: str, generation: int) -> dict[str, Any]:
+        """Write this shard's file of save ``generation`` into ``directory``; its entry.
+
+        The entry (index, file name, SHA-256 and size) is what the manifest binds. Into the
+        ``checkpoint_dir``, the file also becomes the restart file (a hard link, or a copy).
+        """
+        path = Path(directory) / checkpoints.shard_file(self.index, generation)
+        checkpoints.save_shard(self.buffer, path, self._meta(generation))
+        entry = checkpoints.entry(path, self.index)
+        own = self._restart_path()
+        if own is not None and own.parent == path.parent:
+            checkpoints.link(path, own)
+            self.adds_since_checkpoint = 0  # what a restart reloads is this state now
+        return entry
 
     def checkpoint(self) -> None:
-        """Write this shard's file into its ``checkpoint_dir`` (what a restart reloads)."""
-        self.save(self.settings["checkpoint_dir"])
+        """Write this shard's restart file into its ``checkpoint_dir`` (what a restart reloads).
+
+        Never a file a manifest binds: restart files have names of their own.
+        """
+        own = self._restart_path()
+        assert own is not None  # only called with a checkpoint_dir
+        checkpoints.save_shard(self.buffer, own, self._meta(None))
+        self.adds_since_checkpoint = 0
