@@ -199,10 +199,11 @@ class ReplayCore:
         return round(self.sampler.trees.mass(window.anchor_span, None))
 
     # ------------------------------------------------------------------------ priorities
-    def apply_priorities(self, ids: torch.Tensor, priorities: torch.Tensor) -> int:
+    def apply_priorities(self, ids: torch.Tensor, priorities: torch.Tensor) -> tuple[int, float]:
         """Set ``priorities`` of issued ``ids`` (checked); skip evicted ids.
 
-        Duplicates keep their largest priority. Returns how many distinct ids were applied.
+        Duplicates keep their largest priority. Returns how many distinct ids were applied
+        and the largest priority set (``-inf`` if none).
         """
         assert self.priorities is not None  # only prioritized buffers call this
         table = self.store.table
@@ -210,7 +211,7 @@ class ReplayCore:
         if applied:
             self.priorities.raise_max(largest)
             self.sampler.trees.mark_priorities_dirty(engine.tensor(rows))
-        return applied
+        return applied, largest
 
     def stored_priorities(self) -> torch.Tensor:
         """float64 ``[num_episodes]``: stored episodes' priorities, oldest first."""

@@ -174,6 +174,10 @@ class PrioritizedSequenceReplay(SequenceReplay):
         TypeError
             For ids that are not integers (``bool`` included) or complex errors.
         """
+        return self._update_priorities(indices, errors)[0]
+
+    def _update_priorities(self, indices: Any, errors: Any) -> tuple[int, float]:
+        """`update_priorities`, also returning the largest priority set (``-inf``: none)."""
         ids = as_vector("indices", indices, torch.int64, self._device)
         values = as_vector("errors", errors, torch.float64, self._device)
         if ids.shape != values.shape:
@@ -228,7 +232,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         with self._lock:
             # Every anchor, not only the routed ones: a batch of another buffer is refused.
             self._check_issued(batch.episode_ids.to(self._device), "batch.episode_ids")
-            return self._core.apply_priorities(ids.to(self._device), priorities)
+            return self._core.apply_priorities(ids.to(self._device), priorities)[0]
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
         """Set ``beta = beta0 + fraction * (final - beta0)``, ``beta0`` the constructor's value.

@@ -14,7 +14,8 @@ import pytest
 
 import lucid_replay
 
-REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "docs" / "reference"
 DIRECTIVE = re.compile(r"^:::\s+lucid_replay\.([A-Za-z_]\w*)\s*$", re.MULTILINE)
 PUBLIC = sorted(lucid_replay.__all__)
 SUBMODULES = sorted(
@@ -191,3 +192,14 @@ def test_the_core_imports_neither_ray_nor_the_distributed_package():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert completed.stdout.split() == ["False", "False", "False"]
+
+
+def test_every_module_is_on_the_architecture_page():
+    """The architecture page's module tables name every module of the package, so that it
+    changes with the layout it describes."""
+    page = (ROOT / "docs" / "contributing" / "architecture.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`(\w+)`", page))
+    modules = {
+        path.stem for path in (ROOT / "lucid_replay").rglob("*.py") if path.stem != "__init__"
+    }
+    assert sorted(modules - named) == []

@@ -10,6 +10,9 @@ this process.
 
 from lucid_replay.distributed.client import ShardedReplay
 from lucid_replay.distributed.limiter import MinSize, SampleToInsertRatio
-from lucid_replay.errors import RateLimiterTimeout
 
-__all__ = ["MinSize", "RateLimiterTimeout", "SampleToInsertRatio", "ShardedReplay"]
+# Importable from here too, for code that catches what a sharded replay raises; exported
+# (and documented) once, with the other errors, from `lucid_replay`.
+from lucid_replay.errors import RateLimiterTimeout  # noqa: F401
+
+__all__ = ["MinSize", "SampleToInsertRatio", "ShardedReplay"]

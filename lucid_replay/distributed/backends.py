@@ -14,7 +14,7 @@ import lucid_replay.distributed.settings as settings
 from lucid_replay.distributed.calls import BACKENDS, LocalHandle, get
 from lucid_replay.distributed.control import Control
 from lucid_replay.distributed.shards import ReplayShard
-from lucid_replay.errors import CheckpointError, must
+from lucid_replay.errors import CheckpointError, InvalidTypeError, must
 
 __all__: list[str] = []  # internal module
 
@@ -136,7 +136,7 @@ def _actor_died(error: Exception) -> bool:
 def pickled(backend: str, state: dict[str, Any]) -> dict[str, Any]:
     """A client's state to pickle: handles and configuration, not its lock or generator."""
     if backend == "local":
-        raise TypeError(
+        raise InvalidTypeError(
             'a ShardedReplay with backend="local" cannot be pickled: its shards live in '
             'this process (use backend="ray" to add from other processes)'
         )

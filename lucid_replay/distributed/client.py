@@ -145,9 +145,20 @@ class ShardedReplay:
         ShardedReplay
             The client (the learner's; pickle it to add from other processes).
         """
-        arguments = dict(locals())
-        del arguments["cls"]
-        config = settings.checked(**arguments)
+        config = settings.checked(
+            num_shards=num_shards,
+            capacity=capacity,
+            alpha=alpha,
+            beta=beta,
+            epsilon=epsilon,
+            unit=unit,
+            seed=seed,
+            max_times_sampled=max_times_sampled,
+            rate_limiter=rate_limiter,
+            backend=backend,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+        )
         return cls._start(config, None, None)
 
     @classmethod

@@ -25,7 +25,7 @@ from lucid_replay.distributed.limiter import (
     check_limiter,
 )
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must, wrong_type
+from lucid_replay.errors import must, wrong_kind, wrong_type
 from lucid_replay.schema import Schema
 
 __all__: list[str] = []  # internal module
@@ -171,7 +171,7 @@ def check_episodes(episodes: list[Any], schema: Schema | None, capacity: int) ->
     """The buffer's checks of each episode against ``schema`` (``None``: the first fixes it)."""
     for episode in episodes:
         if not isinstance(episode, Episode):
-            raise TypeError(f"episode must be an Episode, got {type(episode).__name__}")
+            raise wrong_kind("episode", "an Episode", type(episode).__name__)
         if len(episode) > capacity:
             raise must("episode length", f"<= capacity ({capacity})", len(episode))
         if schema is None:

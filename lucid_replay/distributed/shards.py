@@ -27,9 +27,9 @@ import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.checkpoints as checkpoints
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.transport as transport
+from lucid_replay.distributed.hooks import ShardHooks
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.schema import Schema
-from lucid_replay.shard import ShardHooks
 from lucid_replay.window import Window
 
 __all__: list[str] = []  # internal module

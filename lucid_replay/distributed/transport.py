@@ -14,24 +14,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
+from lucid_replay.batch import PER_RECORD, Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.episode import Episode
 
 __all__: list[str] = []  # internal module
 
 Packed = dict[str, Any]  # name -> numpy array (a tensor for dtypes numpy lacks)
 _DATA = "data."
-_WINDOW_KEYS = (
-    "learning_mask",
-    "validity_mask",
-    "is_init",
-    "terminal",
-    "record_episode_ids",
-    "record_steps",
-    "step_in_sequence",
-    "episode_ids",
-    "anchor_steps",
-)
+_WINDOW_KEYS = (*PER_RECORD, "episode_ids", "anchor_steps")
 _CHUNK_KEYS = ("episode_ids", "starts")
 ID_KEYS = ("episode_ids", "record_episode_ids")  # local ids on a shard, global once packed
 

@@ -1,4 +1,4 @@
-"""`ShardHooks`: what a coordinator of several buffers needs from each (package-internal).
+"""`ShardHooks`: what the coordinator of a sharded replay needs from each shard's buffer.
 
 A sharded replay draws exactly what one buffer over the union of its shards would draw:
 
@@ -23,8 +23,7 @@ import torch
 
 from lucid_replay import engine
 from lucid_replay.batch import Batch, WindowBatch
-from lucid_replay.checks import as_vector
-from lucid_replay.errors import must, wrong_kind
+from lucid_replay.errors import wrong_kind
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.window import Window
 
@@ -97,18 +96,8 @@ class ShardHooks:
 
         ``None`` when nothing was applied (every id evicted).
         """
-        buffer = self.buffer
-        ids = as_vector("indices", ids, torch.int64, buffer.device)
-        values = as_vector("errors", errors, torch.float64, buffer.device)
-        if ids.shape != values.shape:
-            raise must("errors", f"as long as indices ({ids.numel()})", values.numel())
-        with buffer._lock:
-            stored = buffer._core.store.table.is_stored(ids)
-            applied = buffer.update_priorities(ids, values)
-            if not applied:
-                return 0, None
-            largest = float(values[stored].abs().max()) + buffer.epsilon
-            return applied, largest
+        applied, largest = self.buffer._update_priorities(ids, errors)
+        return (applied, largest) if applied else (0, None)
 
     def raise_max_priority(self, priority: float) -> None:
         """Raise the maximum priority (what new episodes get) to at least ``priority``."""

@@ -14,7 +14,7 @@ import torch
 from conftest import make_episode
 
 from lucid_replay import PrioritizedSequenceReplay, Window
-from lucid_replay.shard import ShardHooks
+from lucid_replay.distributed.hooks import ShardHooks
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
