@@ -37,11 +37,11 @@ def _coordinated(
     """Rounds of draws for the refused positions, merged in round order."""
     pieces, needed = [], batch_size
     while needed:
-        batch, priorities, refused = hooks.draw_round(
+        batch, priorities, kept = hooks.draw_round(
             needed, window, prioritized=prioritized, chunks=chunks
         )
         pieces.append((batch, priorities))
-        needed = refused
+        needed = int((~kept).sum())
     ids = torch.cat([batch.episode_ids for batch, _ in pieces])
     weights = None
     if prioritized:
@@ -88,8 +88,9 @@ def test_draw_round_under_the_limit_refuses_without_redrawing():
     buffer = PrioritizedSequenceReplay(capacity=50, seed=0, max_times_sampled=1)
     buffer.extend(make_episode(4) for _ in range(2))
     hooks = ShardHooks(buffer)
-    batch, _, refused = hooks.draw_round(6, Window(4), prioritized=True)
-    assert batch.batch_size + refused == 6
+    batch, _, kept = hooks.draw_round(6, Window(4), prioritized=True)
+    assert kept.dtype == torch.bool and kept.shape == (6,)
+    assert batch.batch_size == int(kept.sum()) < 6
     assert batch.batch_size == len(set(batch.episode_ids.tolist()))  # each at most once
     assert hooks.draws_left(Window(4)) == 2 - batch.batch_size
     assert buffer.stats()["chunks_sampled"] == batch.batch_size
@@ -138,20 +139,3 @@ def test_hooks_need_a_prioritized_buffer():
     """The hooks wrap a `PrioritizedSequenceReplay` only."""
     with pytest.raises(TypeError, match="PrioritizedSequenceReplay"):
         ShardHooks(object())  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("reuse_limit", [None, 2])
-def test_draw_kept_is_draw_round_with_the_kept_mask(reuse_limit):
-    """`draw_kept` draws what `draw_round` draws and marks which of the count it kept."""
-    buffer, twin = _twins(max_times_sampled=reuse_limit)
-    batch, priorities, kept = ShardHooks(buffer).draw_kept(12, WINDOW, prioritized=True)
-    expected, expected_priorities, refused = ShardHooks(twin).draw_round(
-        12, WINDOW, prioritized=True
-    )
-    assert torch.equal(batch.episode_ids, expected.episode_ids)
-    assert torch.equal(priorities, expected_priorities)
-    assert kept.dtype == torch.bool and kept.shape == (12,)
-    assert int((~kept).sum()) == refused == (0 if reuse_limit is None else refused)
-    assert buffer.stats() == twin.stats()
-    if reuse_limit is not None:
-        assert refused > 0  # 12 draws of 5 episodes, at most 2 each: some refused

@@ -56,31 +56,14 @@ class ShardHooks:
         prioritized: bool,
         chunks: bool = False,
         device: torch.device | str | None = None,
-    ) -> tuple[Batch | WindowBatch, torch.Tensor | None, int]:
+    ) -> tuple[Batch | WindowBatch, torch.Tensor | None, torch.Tensor]:
         """``count`` draws of ``window`` (or of chunks of ``window.length`` steps).
 
         Returns the batch of the draws kept (no weights), their priorities (float64, for a
-        prioritized draw) and how many draws the reuse limit refused. The caller makes sure
-        the mass is positive (`log_mass`).
-        """
-        batch, priorities, kept = self.draw_kept(
-            count, window, prioritized=prioritized, chunks=chunks, device=device
-        )
-        return batch, priorities, count - int(kept.sum())
-
-    def draw_kept(
-        self,
-        count: int,
-        window: Window,
-        *,
-        prioritized: bool,
-        chunks: bool = False,
-        device: torch.device | str | None = None,
-    ) -> tuple[Batch | WindowBatch, torch.Tensor | None, torch.Tensor]:
-        """As `draw_round`, with which of the ``count`` draws were kept (bool ``[count]``).
-
-        A coordinator of several shards puts each shard's kept draws back at the batch
-        positions it labelled with that shard, in draw order: the kept mask says which.
+        prioritized draw) and which of the ``count`` draws the reuse limit kept (bool
+        ``[count]``): a coordinator of several shards puts each shard's kept draws back at
+        the batch positions it labelled with that shard, in draw order. The caller makes
+        sure the mass is positive (`log_mass`).
         """
         buffer = self.buffer
         target = buffer._batch_device(device)

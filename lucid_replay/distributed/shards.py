@@ -3,7 +3,7 @@
 The same class runs in-process (``backend="local"``) and as a Ray actor (``backend="ray"``).
 Everything it returns is plain data (numpy arrays, ints, floats), with episode ids already
 global (`lucid_replay.distributed.ids`). A shard draws only what its coordinator asks for
-(`ShardHooks.draw_kept`), from its own tree and its own random stream.
+(`ShardHooks.draw_round`), from its own tree and its own random stream.
 
 A shard starts in two steps: its constructor builds an empty buffer, and `open` loads the
 file `ShardedReplay.load` gave it (checked: it must be this shard's) and joins the control;
@@ -193,7 +193,7 @@ class ReplayShard:
                 "kept": np.zeros(count, dtype=bool),
                 "log_mass": -math.inf,
             }
-        batch, priorities, kept = self.hooks.draw_kept(
+        batch, priorities, kept = self.hooks.draw_round(
             count, window, prioritized=prioritized, chunks=chunks
         )
         packed = transport.pack_batch(batch)
