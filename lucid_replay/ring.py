@@ -166,7 +166,7 @@ class TransitionRing:
         records where ``exact`` is False (clamped records; ``exact=None`` means none are),
         which hold step ``steps[b, k]`` of the episode in table row ``rows[b, k]`` of
         ``records = (rows, steps)`` (both ``[B, size]``; ``None`` only with ``exact=None``):
-        offset `EpisodeTable.offsets`. All are `engine` engine.
+        offset `EpisodeTable.offsets`. All are `engine` arrays.
 
         Each run is read as one block through a strided view of the ring (about 30% faster
         than gathering its records one by one). With the compiled kernels, CPU storage and

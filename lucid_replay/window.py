@@ -172,7 +172,7 @@ def expand(
     The boundary policy of ``window`` (see `Window`) is applied here and only here. One
     vectorised computation for the whole batch (or one compiled loop, `expand_loop`, on
     CPU); cost O(B W), plus O(n log E) for the n records that ``include_reset`` sends into
-    other episodes. Computed on the table's `engine` engine. ``into``: destinations for the
+    other episodes. Computed on the table's `engine` arrays. ``into``: destinations for the
     ``[B, W]`` results (a batch's own per-record tensors), used unless the window crosses
     episodes (``include_reset``), whose records are computed apart (`Records.filled` says
     which happened).
