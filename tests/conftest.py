@@ -87,10 +87,12 @@ def snapshot(buffer: lucid_replay.SequenceReplay) -> object:
 
 
 def assert_refused(buffer, call, error: type[BaseException], match: str) -> None:
-    """``call()`` raises ``error`` (message matching ``match``) and changes nothing."""
+    """``call()`` raises ``error`` (message matching ``match``), a `LucidReplayError` like
+    every deliberate refusal, and changes nothing."""
     before = snapshot(buffer)
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as raised:
         call()
+    assert isinstance(raised.value, lucid_replay.LucidReplayError), type(raised.value)
     assert snapshot(buffer) == before
 
 

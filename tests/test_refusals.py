@@ -14,6 +14,7 @@ from conftest import assert_refused, make_episode, snapshot
 
 from lucid_replay import (
     Episode,
+    InvalidTypeError,
     PrioritizedSequenceReplay,
     SchemaDtypeError,
     SequenceReplay,
@@ -231,3 +232,31 @@ def test_snapshot_sees_a_draw():
     before = snapshot(buffer)
     buffer.sample(1, 1)
     assert snapshot(buffer) != before
+
+
+_TYPE_REFUSALS = {
+    "a float batch size": lambda b: b.sample(2.0, 3),
+    "a bool length": lambda b: b.sample(2, True),
+    "a window that is not a Window": lambda b: b.sample_windows(2, 3),
+    "a string prioritized": lambda b: b.sample_windows(2, Window(3), prioritized="False"),
+    "a float id": lambda b: b.update_priorities([0.5], [1.0]),
+    "complex errors": lambda b: b.update_priorities([0], [1j]),
+    "a bool episode id": lambda b: b[True],
+    "write-back values that are not a tensor": lambda b: b.write_back(
+        b.gather_windows([0, 1], [0, 0], Window(3)), "serial", [[1, 2, 3]] * 2
+    ),
+    "an episode that is not an Episode": lambda b: b.add({"serial": torch.zeros(3)}),
+    "an out= of another kind": lambda b: b.sample(2, 3, out=object()),
+    "a Window with a float length": lambda b: Window(2.5),
+    "a schema that is not a mapping": lambda b: SequenceReplay(10, schema=[1]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_TYPE_REFUSALS))
+def test_type_refusals_are_lucid_replay_errors_and_type_errors(case):
+    """Every refusal of a wrong type or kind is an `InvalidTypeError`: `except
+    LucidReplayError` catches it, `except TypeError` too, and nothing changes."""
+    buffer = _buffer()
+    assert_refused(buffer, lambda: _TYPE_REFUSALS[case](buffer), InvalidTypeError, "must be")
+    with pytest.raises(TypeError):
+        _TYPE_REFUSALS[case](buffer)
