@@ -254,13 +254,6 @@ def add_outer(rows: Array, columns: Array, out: Array) -> None:
         torch.add(rows[:, None], columns, out=out)
 
 
-def broadcast_columns(values: Array, count: int) -> Array:
-    """``[n, count]``: the 1-d ``values`` repeated along a new last axis, as a view (no copy)."""
-    if isinstance(values, np.ndarray):
-        return np.broadcast_to(values[:, None], (values.shape[0], count))
-    return values[:, None].expand(values.shape[0], count)
-
-
 def repeat_columns(values: Array, count: int) -> Array:
     """``[n, count]``: the 1-d ``values`` repeated along a new last axis (owned memory)."""
     if isinstance(values, np.ndarray):

@@ -38,7 +38,8 @@ class Records:
     """Where each record of ``B`` windows of ``W`` records lands (``[B, W]`` unless noted).
 
     Record ``k`` of window ``b`` holds step ``steps[b, k]`` of the episode in table row
-    ``rows[b, k]``: global offset ``EpisodeTable.offsets(rows, steps)``. Where ``clamped``
+    ``rows[b, k]`` (``rows[b, 0]`` when ``rows`` is ``[B, 1]``: one episode per window), at
+    global offset ``EpisodeTable.offsets(rows, steps)`` (broadcast). Where ``clamped``
     is False (every record is the step it targets, in the anchor's episode), record ``k``
     is also at offset ``first_offsets[b] + k * dilation``; the gather reads those runs as
     blocks and takes ``rows`` and ``steps`` only for the records that are not ``valid``.
@@ -47,7 +48,7 @@ class Records:
     """
 
     first_offsets: Array  # [B]: where record 0 would be without clamping
-    rows: Array  # [B, W]; a broadcast view of the anchors' rows for one-episode windows
+    rows: Array  # [B, W], or [B, 1] when every window lies in its anchor's episode
     episode_ids: Array
     steps: Array
     valid: Array

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -165,8 +166,9 @@ class TransitionRing:
         Run ``b`` holds the transitions at offsets ``first_offsets[b] + stride * k``, except the
         records where ``exact`` is False (clamped records; ``exact=None`` means none are),
         which hold step ``steps[b, k]`` of the episode in table row ``rows[b, k]`` of
-        ``records = (rows, steps)`` (both ``[B, size]``; ``None`` only with ``exact=None``):
-        offset `EpisodeTable.offsets`. All are `engine` arrays.
+        ``records = (rows, steps)`` (``[B, size]``, or ``[B, 1]`` rows for one episode per
+        window; ``None`` only with ``exact=None``): offset `EpisodeTable.offsets`. All are
+        `engine` arrays.
 
         Each run is read as one block through a strided view of the ring (about 30% faster
         than gathering its records one by one). With the compiled kernels, CPU storage and
@@ -185,7 +187,7 @@ class TransitionRing:
         firsts = first_offsets % self.capacity  # offsets may be negative
         oldest_offset = table.oldest_offset
         if engine.compiled(firsts) and out is not None and _on_cpu(out):
-            from lucid_replay import ring_copies  # needs numba: only on this path
+            ring_copies = _ring_copies()
 
             # The runs are copied first; those that are clamped or cross the seam read any
             # run in range, and gather_records overwrites them, so with most records clamped
@@ -337,6 +339,19 @@ _NO_RECORDS = np.empty((0, 0), dtype=np.int64)  # records=None: every record at 
 _ALL_EXACT = np.empty((0, 0), dtype=np.bool_)  # exact=None: no record is clamped
 
 
+_copies: ModuleType | None = None  # lucid_replay.ring_copies once imported (it needs numba)
+
+
+def _ring_copies() -> ModuleType:
+    """`lucid_replay.ring_copies`, imported on first use: only the compiled path needs it."""
+    global _copies
+    if _copies is None:
+        from lucid_replay import ring_copies
+
+        _copies = ring_copies
+    return _copies
+
+
 def _on_cpu(out: Mapping[str, torch.Tensor]) -> bool:
     return next(iter(out.values())).device.type == "cpu"
 
@@ -356,4 +371,6 @@ def _offsets(
     rows, steps = records
     if positions is None:
         return table.offsets(rows, steps)
-    return table.offsets(rows.reshape(-1)[positions], steps.reshape(-1)[positions])
+    # The row of a flat position: its window's ([B, 1] rows) or its record's ([B, size]).
+    at = rows[positions // size, 0] if rows.shape[1] == 1 else rows.reshape(-1)[positions]
+    return table.offsets(at, steps.reshape(-1)[positions])

@@ -205,9 +205,13 @@ def _slot(
 ) -> int:
     """The ring slot of record ``k`` of window ``b`` (`gather_records`' arguments).
 
-    Not exact: ``start[rows[b, k]] + steps[b, k]``, `EpisodeTable.offsets` compiled.
+    Not exact: ``start[row] + steps[b, k]``, `EpisodeTable.offsets` compiled, the row being
+    ``rows[b, k]`` (or ``rows[b, 0]`` for ``[B, 1]`` rows: one episode per window).
     """
-    offset = firsts[b] + stride * k if exact else start[rows[b, k]] + steps[b, k]
+    if exact:
+        offset = firsts[b] + stride * k
+    else:
+        offset = start[rows[b, 0 if rows.shape[1] == 1 else k]] + steps[b, k]
     slot: int = offset - base
     return slot - capacity if slot >= capacity else slot
 
@@ -287,10 +291,11 @@ def gather_records(
     memory, ``row_bytes`` their bytes per record. Record ``k`` of window ``b`` reads the slot of
     offset ``firsts[b] + stride * k`` where it is ``exact`` (C-contiguous; every record is if
     ``exact`` has no rows), else that of step ``steps[b, k]`` of table row ``rows[b, k]``
-    (``start`` is the table's start column). Records at consecutive
-    slots, or repeating one slot, are copied as one run. If ``copied``, every field already
-    holds the run of every window whose run from slot ``firsts[b] % capacity`` lies inside the
-    ring: of those windows only the records that are not exact are copied. ``runs`` is scratch
+    (``rows[b, 0]`` if ``rows`` has one column; ``start`` is the table's start column).
+    Records at consecutive slots, or repeating one slot, are copied as one run. If
+    ``copied``, every field already holds the run of every window whose run from slot
+    ``firsts[b] % capacity`` lies inside the ring: of those windows only the records that
+    are not exact are copied. ``runs`` is scratch
     memory, int64 ``[4, size]`` (allocating it here would put small blocks among the batches on
     the heap, which a stock allocator then trims and faults back in).
 

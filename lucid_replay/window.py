@@ -230,7 +230,7 @@ def expand(
         terminal[ending] = record >= at_last[ending, None]
     return Records(
         first_offsets=table.offsets(where, first_step),
-        rows=engine.broadcast_columns(where, window.size),
+        rows=where[:, None],
         episode_ids=record_ids,
         steps=steps,
         valid=valid,
@@ -281,7 +281,7 @@ def _expanded_by_loop(
     )
     return Records(
         first_offsets=table.offsets(where, anchor - window.burn_in * window.dilation),
-        rows=engine.broadcast_columns(where, window.size),
+        rows=where[:, None],
         episode_ids=into.episode_ids,
         steps=into.steps,
         valid=into.valid,

@@ -97,14 +97,3 @@ def test_count_distinct(values):
     """count_distinct counts distinct values alike on both engines, empty input included."""
     host, device = _both(values, torch.int64)
     assert engine.count_distinct(host) == engine.count_distinct(device) == len(set(values))
-
-
-def test_broadcast_columns_is_a_view_of_each_value_repeated():
-    """broadcast_columns repeats a vector along a new last axis without a copy, alike on
-    both engines (the rows of a window's records)."""
-    host, device = _both([3, 1, 4], torch.int64)
-    wide, wide_t = engine.broadcast_columns(host, 5), engine.broadcast_columns(device, 5)
-    assert wide.shape == (3, 5) and tuple(wide_t.shape) == (3, 5)
-    np.testing.assert_array_equal(wide, wide_t.numpy())
-    assert np.shares_memory(wide, host) and wide_t.data_ptr() == device.data_ptr()
-    assert wide[:, 4].tolist() == [3, 1, 4]
