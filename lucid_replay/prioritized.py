@@ -192,11 +192,10 @@ class PrioritizedSequenceReplay(SequenceReplay):
             return self._core.apply_priorities(ids, priorities)
 
     def _check_issued(self, ids: torch.Tensor, param: str = "indices") -> None:
-        next_id = self._core.store.table.next_id
-        values = engine.view(ids)
-        issued = (values >= 0) & (values < next_id)
-        if not bool(issued.all()):
-            at = int(engine.flat_nonzero(~issued)[0])
+        table = self._core.store.table
+        at = table.first_unissued(engine.view(ids))
+        if at >= 0:
+            next_id = table.next_id
             ids_so_far = f"0 .. {next_id - 1}" if next_id else "none issued yet"
             raise must(f"{param}[{at}]", f"an issued episode id ({ids_so_far})", int(ids[at]))
 
@@ -231,7 +230,10 @@ class PrioritizedSequenceReplay(SequenceReplay):
         priorities = self._priorities.of_errors(mixed.to(self._device))
         with self._lock:
             # Every anchor, not only the routed ones: a batch of another buffer is refused.
-            self._check_issued(batch.episode_ids.to(self._device), "batch.episode_ids")
+            anchors = batch.episode_ids
+            if anchors.device != self._device:
+                anchors = anchors.to(self._device)
+            self._check_issued(anchors, "batch.episode_ids")
             return self._core.apply_priorities(ids.to(self._device), priorities)[0]
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:

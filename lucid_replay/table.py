@@ -146,6 +146,19 @@ class EpisodeTable:
         """Elementwise ``first_id <= id < next_id``."""
         return (episode_ids >= self.first_id) & (episode_ids < self.next_id)
 
+    def first_unissued(self, episode_ids: Array) -> int:
+        """Position of the first id in ``episode_ids`` outside ``[0, next_id)``, else -1.
+
+        Ids never issued, which no update may name (evicted ones, below ``first_id``, were
+        issued). An `engine` array; one compiled pass on CPU (`first_unissued_loop`).
+        """
+        if engine.compiled(episode_ids):
+            return int(first_unissued_loop(episode_ids, self.next_id))
+        issued = (episode_ids >= 0) & (episode_ids < self.next_id)
+        if bool(issued.all()):
+            return -1
+        return int(engine.flat_nonzero(~issued)[0])
+
     def assign_priorities(self, ids: Array, values: Array) -> tuple[Array, int, float]:
         """Set the priority of each stored id in ``ids`` to its value in ``values``.
 
@@ -269,6 +282,15 @@ class EpisodeTable:
             low = torch.where(starts_here, middle, low)
             high = torch.where(starts_here, high, middle - 1)
         return low, offsets - self.start[low & mask]
+
+
+@engine.jit
+def first_unissued_loop(ids: np.ndarray, next_id: int) -> int:
+    """`EpisodeTable.first_unissued`, compiled."""
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= next_id:
+            return i
+    return -1
 
 
 def _assign_priorities(

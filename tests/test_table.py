@@ -64,3 +64,14 @@ def test_assign_priorities_lowers_as_well_as_raises():
     _assign(table, [2], [9.0])
     _assign(table, [2, 2], [0.25, 0.125])
     assert float(table.priority[2]) == 0.25
+
+
+@pytest.mark.parametrize(
+    "ids, expected",
+    [([2, 5, 0, 1], -1), ([3, 6, 4], 1), ([-1, 2], 0), ([5, 5, 9], 2), ([], -1)],
+    ids=["evicted-are-issued", "next-id", "negative", "beyond", "empty"],
+)
+def test_first_unissued_names_the_first_id_the_table_never_issued(ids, expected):
+    """Ids outside [0, next_id) were never issued (evicted ones were): the first one's position."""
+    table = _table()
+    assert table.first_unissued(engine.view(torch.tensor(ids, dtype=torch.int64))) == expected
