@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +19,8 @@ import pytest
 import torch
 from conftest import make_episode
 
-from lucid_replay import CheckpointError, EpisodeWriter, InvalidArgumentError, Window
-from lucid_replay.distributed import SampleToInsertRatio, ShardedReplay, ids
+from lucid_replay import CheckpointError, Episode, EpisodeWriter, InvalidArgumentError, Window
+from lucid_replay.distributed import MinSize, SampleToInsertRatio, ShardedReplay, ids
 
 ray = pytest.importorskip("ray", reason='needs Ray: pip install "lucid-replay[distributed]"')
 pytestmark = pytest.mark.ray
@@ -220,6 +221,41 @@ def test_a_ray_learner_waits_on_the_rate_limiter(cluster):
     ray.get(ray.remote(_store).remote(replay, 2))
     assert replay.sample_windows(4, Window(2), timeout=5).batch_size == 4
     assert replay.stats()["limiter"]["samples"] == 4
+    replay.close()
+
+
+def _add_one(client: ShardedReplay, steps: int, seed: int) -> int:
+    """A collector task adding one long episode through its copy of the client."""
+    generator = torch.Generator().manual_seed(seed)
+    return client.add(Episode({"x": torch.randn(steps, 64, generator=generator)}))
+
+
+def test_a_ray_sampler_waiting_on_min_size_draws_once_a_remote_insert_is_stored(cluster):
+    """A learner blocked on MinSize is released only once the shards hold the episode that
+    reaches min_size: it draws, never meets an empty replay. The episode is large (5 MB)
+    and added by a Ray task, so an insert counted before the shard stored it would leave a
+    wide gap to fall into (the in-process version of this test pins the exact order)."""
+    steps, seed = 20_000, 0
+    replay = ShardedReplay.create(
+        2, 4 * steps, seed=seed, backend="ray", rate_limiter=MinSize(steps)
+    )
+    box: dict[str, object] = {}
+
+    def learner() -> None:
+        try:
+            box["batch"] = replay.sample_windows(4, Window(3), timeout=60)
+        except Exception as error:  # reported below, with its message
+            box["error"] = error
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    time.sleep(0.2)  # the learner is waiting on the limiter
+    assert "batch" not in box and "error" not in box
+    ray.get(ray.remote(_add_one).remote(replay, steps, seed))
+    thread.join(60)
+    assert "error" not in box, box.get("error")
+    assert box["batch"].batch_size == 4
+    assert replay.stats()["limiter"]["inserts"] == steps
     replay.close()
 
 
