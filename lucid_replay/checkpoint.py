@@ -13,23 +13,23 @@ A state is a dict of plain containers and CPU tensors::
     rng, extra
 
 Files (version 2) add ``checksum``: the SHA-256 of every other entry in a canonical encoding,
-so that a flipped bit anywhere in the payload is refused. Version 1 files, which predate it,
-still load. This module packs and unpacks `Snapshot` records and knows no buffer class: the
-buffers register themselves by name.
+so that a flipped bit anywhere in the payload is refused, and are written whole or not at all
+(`lucid_replay.files`). Version 1 files, which predate the checksum, still load. This module
+packs and unpacks `Snapshot` records and knows no buffer class: the buffers register themselves
+by name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 import torch
 
+from lucid_replay import files
 from lucid_replay.errors import CheckpointError
 from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
@@ -310,17 +310,9 @@ def check_header(state: object, class_name: str | None = None) -> None:
 
 # ------------------------------------------------------------------------------ files
 def write(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
-    """Write ``state`` with its checksum to ``path`` atomically (a temporary file, a rename)."""
-    target = Path(path)
+    """Write ``state`` with its checksum to ``path``, whole or not at all (see `files`)."""
     payload = {**state, "checksum": checksum(state)}
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(payload, file)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    files.write_atomically(path, lambda file: torch.save(payload, file))
 
 
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import lucid_replay.distributed.checkpoints as checkpoints
-from lucid_replay import CheckpointError, Episode, InvalidArgumentError, Window
+from lucid_replay import CheckpointError, Episode, InvalidArgumentError, Window, files
 from lucid_replay.distributed import MinSize, ShardedReplay
 
 Manifest = dict[str, Any]
@@ -71,7 +71,7 @@ def _rebind(directory: Path) -> None:
 
     def change(manifest: Manifest) -> None:
         for entry, path in zip(manifest["shards"], _shard_paths(directory), strict=True):
-            entry["sha256"], entry["bytes"] = checkpoints.digest(path)
+            entry["sha256"], entry["bytes"] = files.digest(path)
 
     _rewrite(directory, change)
 
@@ -348,33 +348,3 @@ def test_a_manifest_with_a_bad_entry_is_a_checkpoint_error_naming_it(tmp_path, c
     with pytest.raises(CheckpointError, match=match):
         ShardedReplay.load(tmp_path)
     assert _files(tmp_path) == before
-
-
-def test_the_digest_of_a_shard_file_is_streamed(tmp_path, monkeypatch):
-    """Digests read shard files in bounded chunks, whatever their size."""
-    path = tmp_path / "big"
-    path.write_bytes(bytes(range(256)) * (3 * 2**12) + b"tail!")
-    sizes: list[int] = []
-
-    class Reader:
-        def __init__(self, file: Any) -> None:
-            self.file = file
-
-        def read(self, size: int = -1) -> bytes:
-            sizes.append(size)
-            return self.file.read(size)
-
-        def __enter__(self) -> Reader:
-            return self
-
-        def __exit__(self, *exc_info: object) -> None:
-            self.file.close()
-
-    def opened(*a):
-        return Reader(open(*a))
-
-    monkeypatch.setattr(checkpoints, "open", opened, raising=False)
-    sha, size = checkpoints.digest(path)
-    monkeypatch.undo()
-    assert (sha, size) == (hashlib.sha256(path.read_bytes()).hexdigest(), 3 * 2**20 + 5)
-    assert sizes and max(sizes) == 2**20 and -1 not in sizes

@@ -28,16 +28,13 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import lucid_replay.distributed.manifest as manifest_checks
-from lucid_replay import checkpoint
+from lucid_replay import checkpoint, files
 from lucid_replay.distributed.calls import get
 from lucid_replay.errors import CheckpointError
 from lucid_replay.prioritized import PrioritizedSequenceReplay
@@ -49,7 +46,6 @@ FORMAT = manifest_checks.FORMAT
 VERSION = 2
 _GENERATION_FILE = re.compile(r"shard_(\d+)\.g(\d+)\.lucid")
 _LEGACY_FILE = re.compile(r"shard_(\d+)\.lucid")
-_CHUNK = 1 << 20  # bytes read at a time for a digest
 
 
 # ------------------------------------------------------------------------------ names
@@ -75,36 +71,11 @@ def save_shard(buffer: PrioritizedSequenceReplay, path: Path, meta: dict[str, An
     checkpoint.write(path, {**buffer.state_dict(), "shard": meta})
 
 
-def digest(path: str | os.PathLike[str]) -> tuple[str, int]:
-    """SHA-256 (hex) and size in bytes of the file at ``path``, read in 1 MiB chunks."""
-    sha, size = hashlib.sha256(), 0
-    with open(path, "rb") as file:
-        while chunk := file.read(_CHUNK):
-            sha.update(chunk)
-            size += len(chunk)
-    return sha.hexdigest(), size
-
-
 def entry(path: Path, index: int) -> dict[str, Any]:
     """The manifest's entry for shard ``index``'s file at ``path`` (flushed to disk first)."""
-    with open(path, "rb") as file:
-        os.fsync(file.fileno())
-    sha, size = digest(path)
+    files.sync_file(path)
+    sha, size = files.digest(path)
     return {"index": index, "file": path.name, "sha256": sha, "bytes": size}
-
-
-def link(source: Path, target: Path) -> None:
-    """Make ``target`` the file ``source`` is, atomically (a hard link, else a copy)."""
-    temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}"
-    try:
-        try:
-            os.link(source, temporary)
-        except OSError:  # a file system without hard links
-            shutil.copyfile(source, temporary)
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 def restore_shard(
@@ -177,7 +148,7 @@ def bound_files(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> 
                 f"directory must hold every shard file its manifest names, got none at "
                 f"{str(path)!r} (shard {index})"
             )
-        sha, size = digest(path)
+        sha, size = files.digest(path)
         if (sha, size) != (bound["sha256"], bound["bytes"]):
             raise CheckpointError(
                 f"shard file {str(path)!r} must be the file its manifest binds to shard "
@@ -234,26 +205,11 @@ def _checksum(manifest: dict[str, Any]) -> str:
 
 
 def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
-    """Write ``manifest`` (JSON, with its checksum) atomically into ``directory``."""
-    target = Path(directory) / MANIFEST
+    """Write ``manifest`` (JSON, with its checksum) into ``directory``: the save's commit."""
     payload = {"format": FORMAT, "version": VERSION, **manifest}
     payload["checksum"] = _checksum(payload)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{MANIFEST}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(payload, file, indent=1, sort_keys=True)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    with contextlib.suppress(OSError):  # the rename itself, on file systems that allow it
-        descriptor = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+    text = json.dumps(payload, indent=1, sort_keys=True).encode("utf-8")
+    files.write_atomically(Path(directory) / MANIFEST, lambda file: file.write(text))
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:

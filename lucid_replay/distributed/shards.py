@@ -27,6 +27,7 @@ import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.checkpoints as checkpoints
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.transport as transport
+from lucid_replay import files
 from lucid_replay.distributed.hooks import ShardHooks
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.schema import Schema
@@ -298,7 +299,7 @@ class ReplayShard:
         entry = checkpoints.entry(path, self.index)
         own = self._restart_path()
         if own is not None and own.parent == path.parent:
-            checkpoints.link(path, own)
+            files.link_atomically(path, own)
             self.adds_since_checkpoint = 0  # what a restart reloads is this state now
         return entry
 
