@@ -18,21 +18,11 @@ import torch
 
 from lucid_replay import engine
 from lucid_replay.engine import Array
-from lucid_replay.errors import CheckpointError
+from lucid_replay.table_checks import checked_table_state
 
 __all__: list[str] = []  # internal module
 
 _INITIAL_TABLE_SLOTS = 1024
-MAX_INDEX = 2**62  # ids and offsets stay below this, so `+ span` and `+ 1` never wrap int64
-_COLUMN_DTYPES = {
-    "episode_id": torch.int64,
-    "start": torch.int64,
-    "length": torch.int64,
-    "terminated": torch.bool,
-    "times_sampled": torch.int64,
-    "priority": torch.float64,
-}
-_RANGES = ("first_id", "next_id", "oldest_offset", "next_offset", "generation")
 
 
 class EpisodeTable:
@@ -80,7 +70,18 @@ class EpisodeTable:
         CheckpointError
             Naming the first broken invariant.
         """
-        return _restore_table(cls(device), columns, ranges, capacity)
+        saved, ranges = checked_table_state(columns, ranges, capacity)
+        table = cls(device)  # nothing below can fail: adopt the checked state
+        table._allocate(int(saved["episode_id"].shape[0]))
+        for name, column in table.columns.items():
+            column.copy_(saved[name])
+        if table.device.type != "cpu":
+            table.host_start[:] = saved["start"].numpy()
+            table.host_length[:] = saved["length"].numpy()
+        table.first_id, table.next_id = ranges["first_id"], ranges["next_id"]
+        table.oldest_offset, table.next_offset = ranges["oldest_offset"], ranges["next_offset"]
+        table.generation = ranges["generation"]
+        return table
 
     # ----------------------------------------------------------------------------- layout
     def _allocate(self, slots: int) -> None:
@@ -341,90 +342,3 @@ def assign_priorities_loop(
                 priority[row] = value
             largest = max(largest, value)
     return rows[:kept], distinct, largest
-
-
-def _restore_table(
-    table: EpisodeTable, columns: Mapping[str, object], ranges: Mapping[str, object], capacity: int
-) -> EpisodeTable:
-    """Fill the fresh ``table`` from saved state after checking every invariant."""
-    saved = _checked_columns(columns)
-    rows = int(saved["episode_id"].shape[0])
-    if rows < 1 or rows & (rows - 1):
-        raise CheckpointError(f"checkpoint table rows must be a power of two >= 1, got {rows}")
-    first_id, next_id, oldest, newest, generation = (_checked_range(ranges, n) for n in _RANGES)
-    if first_id > next_id or oldest > newest:
-        raise CheckpointError(
-            "checkpoint table must have first_id <= next_id and oldest_offset <= next_offset, "
-            f"got ids [{first_id}, {next_id}) and offsets [{oldest}, {newest})"
-        )
-    if next_id - first_id > rows:
-        raise CheckpointError(
-            f"checkpoint table rows must hold its {next_id - first_id} episodes, got {rows}"
-        )
-    if newest - oldest > capacity:
-        raise CheckpointError(
-            f"checkpoint transitions must fit the capacity ({capacity}), got {newest - oldest}"
-        )
-    ids = torch.arange(first_id, next_id)
-    stored = ids & (rows - 1)
-    length, start = saved["length"][stored], saved["start"][stored]
-    claims = (saved["episode_id"] >= first_id) & (saved["episode_id"] < next_id)
-    tiles = torch.cat([start, torch.tensor([newest])]) == torch.cat(
-        [torch.tensor([oldest]), start + length]
-    )
-    priority = saved["priority"]
-    for broken, rule in (
-        (not torch.equal(saved["episode_id"][stored], ids), "stored rows holding their own ids"),
-        (int(claims.sum()) != ids.numel(), "no other row claiming a stored id"),
-        (bool((length < 1).any()), "stored lengths >= 1"),
-        (not bool(tiles.all()), "stored episodes tiling [oldest_offset, next_offset) in order"),
-        (not bool((torch.isfinite(priority) & (priority > 0)).all()), "priorities finite, > 0"),
-        (bool((saved["times_sampled"][stored] < 0).any()), "times_sampled >= 0"),
-    ):
-        if broken:
-            raise CheckpointError(f"checkpoint table must have {rule}, got a table that breaks it")
-    table._allocate(rows)
-    for name, column in table.columns.items():
-        column.copy_(saved[name])
-    if table.device.type != "cpu":
-        table.host_start[:] = saved["start"].numpy()
-        table.host_length[:] = saved["length"].numpy()
-    table.first_id, table.next_id = first_id, next_id
-    table.oldest_offset, table.next_offset = oldest, newest
-    table.generation = generation
-    return table
-
-
-def _checked_columns(columns: object) -> dict[str, torch.Tensor]:
-    """The saved columns on CPU, each a 1-d tensor of its exact dtype, all of one length."""
-    if not isinstance(columns, Mapping) or set(columns) != set(_COLUMN_DTYPES):
-        got = sorted(columns) if isinstance(columns, Mapping) else type(columns).__name__
-        raise CheckpointError(
-            f"checkpoint table columns must be {sorted(_COLUMN_DTYPES)}, got {got}"
-        )
-    saved = {}
-    for name, dtype in _COLUMN_DTYPES.items():
-        column = columns[name]
-        if not isinstance(column, torch.Tensor) or column.dtype != dtype or column.dim() != 1:
-            got = (
-                f"{column.dtype} of shape {tuple(column.shape)}"
-                if isinstance(column, torch.Tensor)
-                else type(column).__name__
-            )
-            raise CheckpointError(
-                f"checkpoint column {name!r} must be a 1-d {dtype} tensor, got {got}"
-            )
-        saved[name] = column.cpu()
-    lengths = {name: int(column.shape[0]) for name, column in saved.items()}
-    if len(set(lengths.values())) != 1:
-        raise CheckpointError(f"checkpoint columns must share one length, got {lengths}")
-    return saved
-
-
-def _checked_range(ranges: object, name: str) -> int:
-    value = ranges.get(name) if isinstance(ranges, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INDEX:
-        raise CheckpointError(
-            f"checkpoint table {name} must be an int in [0, 2**62], got {value!r}"
-        )
-    return value
