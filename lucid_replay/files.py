@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,10 @@ def write_atomically(path: str | os.PathLike[str], write: Callable[[BinaryIO], o
     ``path`` is untouched.
     """
     target = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}"
+    # Not mkstemp, whose files are private (0600): a checkpoint gets the mode of any file the
+    # user writes (0666 less the umask), so whoever the umask allows can load it.
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "wb") as file:
             write(file)
@@ -40,7 +42,7 @@ def write_atomically(path: str | os.PathLike[str], write: Callable[[BinaryIO], o
             os.fsync(file.fileno())  # the data on disk before the rename makes it visible
         os.replace(temporary, target)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     sync_directory(target.parent)
 

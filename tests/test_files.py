@@ -37,6 +37,19 @@ def test_a_write_is_on_the_disk_before_the_rename_that_makes_it_visible(tmp_path
     assert events[2:] in ([], ["fsync dir"])  # a directory that cannot be opened is skipped
 
 
+def test_a_written_file_has_the_mode_the_umask_gives_a_new_file(tmp_path):
+    """Not the private 0600 of a temporary file: 0666 less the umask, as `open` would give."""
+    umask = os.umask(0o022)
+    try:
+        files.write_atomically(tmp_path / "a", lambda file: file.write(b"x"))
+        os.umask(0o077)
+        files.write_atomically(tmp_path / "b", lambda file: file.write(b"x"))
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b").stat().st_mode & 0o777 == 0o600
+
+
 def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
     """A writer that raises half way leaves the path as it was and removes its temporary."""
     path = tmp_path / "checkpoint"
