@@ -446,7 +446,7 @@ class SequenceReplay:
             self._core.restore(snapshot, self._config())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the buffer to ``path`` atomically (a temporary file, then a rename).
+        """Write the buffer to ``path`` atomically (a temporary file flushed to disk, a rename).
 
         The file carries a checksum of its contents: a corrupted file is refused by `load`.
         """
