@@ -72,12 +72,6 @@ def sync_directory(directory: str | os.PathLike[str]) -> None:
             os.close(descriptor)
 
 
-def sync_file(path: str | os.PathLike[str]) -> None:
-    """Flush the file at ``path`` to the disk (for a file another process wrote)."""
-    with open(path, "rb") as file:
-        os.fsync(file.fileno())
-
-
 def digest(path: str | os.PathLike[str]) -> tuple[str, int]:
     """SHA-256 (hex) and size in bytes of the file at ``path``, read in 1 MiB chunks."""
     sha, size = hashlib.sha256(), 0

@@ -72,8 +72,7 @@ def save_shard(buffer: PrioritizedSequenceReplay, path: Path, meta: dict[str, An
 
 
 def entry(path: Path, index: int) -> dict[str, Any]:
-    """The manifest's entry for shard ``index``'s file at ``path`` (flushed to disk first)."""
-    files.sync_file(path)
+    """The manifest's entry for shard ``index``'s file at ``path`` (on disk: `files`)."""
     sha, size = files.digest(path)
     return {"index": index, "file": path.name, "sha256": sha, "bytes": size}
 
