@@ -4,8 +4,9 @@ A reader of a path never sees half a file: `write_atomically` writes a temporary
 the target, flushes it to the disk, renames it over the target (the commit) and then flushes
 the directory, so that after a crash or a power loss the path holds either the previous file
 or the new one, never an empty or truncated one. Checkpoints of a buffer and the manifests of
-a sharded replay are written through it; `link_atomically` gives a second name to a file with
-the same guarantee, and `digest` reads a file of any size in constant memory.
+a sharded replay are written through it; `link_atomically` gives a second name to a file in
+one rename (a reader sees the old file or the new one), and `digest` reads a file of any size
+in constant memory.
 """
 
 from __future__ import annotations
