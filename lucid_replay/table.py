@@ -70,7 +70,7 @@ class EpisodeTable:
         CheckpointError
             Naming the first broken invariant.
         """
-        saved, ranges = checked_table_state(columns, ranges, capacity)
+        saved, bounds = checked_table_state(columns, ranges, capacity)
         table = cls(device)  # nothing below can fail: adopt the checked state
         table._allocate(int(saved["episode_id"].shape[0]))
         for name, column in table.columns.items():
@@ -78,9 +78,9 @@ class EpisodeTable:
         if table.device.type != "cpu":
             table.host_start[:] = saved["start"].numpy()
             table.host_length[:] = saved["length"].numpy()
-        table.first_id, table.next_id = ranges["first_id"], ranges["next_id"]
-        table.oldest_offset, table.next_offset = ranges["oldest_offset"], ranges["next_offset"]
-        table.generation = ranges["generation"]
+        table.first_id, table.next_id = bounds["first_id"], bounds["next_id"]
+        table.oldest_offset, table.next_offset = bounds["oldest_offset"], bounds["next_offset"]
+        table.generation = bounds["generation"]
         return table
 
     # ----------------------------------------------------------------------------- layout
