@@ -24,6 +24,7 @@ from lucid_replay.errors import (
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.replay import SequenceReplay
 from lucid_replay.returns import n_step_returns
+from lucid_replay.streams import EpisodeInfo, EpisodeStream
 from lucid_replay.window import Window
 from lucid_replay.writer import EpisodeWriter
 
@@ -31,6 +32,8 @@ __all__ = [
     "Batch",
     "CheckpointError",
     "Episode",
+    "EpisodeInfo",
+    "EpisodeStream",
     "EpisodeWriter",
     "EpisodesNotStoredError",
     "InvalidArgumentError",

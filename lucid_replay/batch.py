@@ -80,11 +80,15 @@ class Batch:
         int64 ``[B]``: the episode each chunk came from.
     starts
         int64 ``[B]``: the step of the episode at which each chunk starts.
+    segment_ids
+        int64 ``[B]`` on a buffer with ``segment_length``: the segment holding each chunk's
+        first step; else ``None``.
     """
 
     data: Mapping[str, torch.Tensor]
     episode_ids: torch.Tensor
     starts: torch.Tensor
+    segment_ids: torch.Tensor | None = attrs.field(default=None, kw_only=True)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.data[name]
@@ -108,7 +112,8 @@ class Batch:
         return batch_tensordict(self.data, {}, self._per_row(), shape, self.episode_ids.device)
 
     def _per_row(self) -> dict[str, torch.Tensor]:
-        return {"episode_ids": self.episode_ids, "starts": self.starts}
+        rows = {"episode_ids": self.episode_ids, "starts": self.starts}
+        return rows if self.segment_ids is None else {**rows, "segment_ids": self.segment_ids}
 
 
 @attrs.frozen(eq=False)
@@ -118,19 +123,24 @@ class PrioritizedBatch(Batch):
     Attributes
     ----------
     indices
-        int64 ``[B]``: the episode ids, to pass to
-        `PrioritizedSequenceReplay.update_priorities` (the `episode_ids` tensor itself,
-        under the name prioritized replay gives it).
+        int64 ``[B]``: the ids priorities are kept by, to pass to
+        `PrioritizedSequenceReplay.update_priorities`: the `episode_ids` tensor itself,
+        or `segment_ids` on a buffer with ``priority_unit="segment"``.
     weights
         float32 ``[B]``: importance-sampling weights, largest 1 (see
         `PrioritizedSequenceReplay`).
+    priority_unit
+        ``"episode"`` or ``"segment"``: what `indices` are.
     """
 
     weights: torch.Tensor
+    priority_unit: str = attrs.field(default="episode", kw_only=True)
 
     @property
     def indices(self) -> torch.Tensor:
-        """int64 ``[B]``: the episode ids (`episode_ids`), for `update_priorities`."""
+        """int64 ``[B]``: episode ids, or segment ids under ``priority_unit="segment"``."""
+        if self.priority_unit == "segment" and self.segment_ids is not None:
+            return self.segment_ids
         return self.episode_ids
 
     def _per_row(self) -> dict[str, torch.Tensor]:
@@ -159,6 +169,9 @@ class WindowBatch:
         int64 ``[B]``: the anchors as drawn.
     weights
         float32 ``[B]`` importance-sampling weights of a prioritized draw, else ``None``.
+    segment_ids
+        int64 ``[B]`` on a buffer with ``segment_length``: the segment holding each anchor
+        step (where ``priority_unit="segment"`` routes priorities); else ``None``.
     """
 
     data: Mapping[str, torch.Tensor]
@@ -172,6 +185,7 @@ class WindowBatch:
     episode_ids: torch.Tensor
     anchor_steps: torch.Tensor
     weights: torch.Tensor | None
+    segment_ids: torch.Tensor | None = attrs.field(default=None, kw_only=True)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.data[name]
@@ -217,6 +231,8 @@ class WindowBatch:
         windows = torch.arange(shape[0], device=self.episode_ids.device)
         per_record["sequence_id"] = windows[:, None].expand(shape)
         per_row = {"episode_ids": self.episode_ids, "anchor_steps": self.anchor_steps}
+        if self.segment_ids is not None:
+            per_row["segment_ids"] = self.segment_ids
         if self.weights is not None:
             per_row["priority_weight"] = self.weights
         return batch_tensordict(self.data, per_record, per_row, shape, self.episode_ids.device)

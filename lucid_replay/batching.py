@@ -20,7 +20,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -33,7 +33,7 @@ from lucid_replay.records import Anchors, RecordArrays, Records
 from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
 from lucid_replay.table import EpisodeTable
-from lucid_replay.window import Window, layout
+from lucid_replay.window import Window, expand, layout
 
 __all__: list[str] = []  # internal module
 
@@ -61,15 +61,19 @@ class Batcher:
         *,
         weights: bool,
         out: _B | None = None,
+        segments: str | None = None,
     ) -> _B | None:
         """The batch a draw of ``shape`` records onto ``device`` fills: ``out``, or a new one.
 
         Taken before anything else of the draw (see `new_batch`). ``None`` while there is no
-        schema (nothing was ever stored: the draw refuses the empty buffer).
+        schema (nothing was ever stored: the draw refuses the empty buffer). ``segments``:
+        the priority unit of a segmented buffer (its batches carry ``segment_ids``).
         """
         if out is not None or schema is None:
             return out
-        return new_batch(kind, shape, schema, device, weights=weights, blocks=self.blocks)
+        return new_batch(
+            kind, shape, schema, device, weights=weights, blocks=self.blocks, segments=segments
+        )
 
     def record_arrays(self, batch: WindowBatch, storage: torch.device) -> RecordArrays | None:
         """``batch``'s per-record tensors for `window.expand` to write into, if on ``storage``.
@@ -93,9 +97,17 @@ class Batcher:
         length: int,
     ) -> Batch:
         """``batch`` filled with the chunks of ``length`` steps starting at ``anchors``."""
-        first = table.offsets(anchors.rows, anchors.steps)
-        shape = (int(first.shape[0]), length)
-        self._gather(ring, table, shape, batch.data, first, 1, None, None)
+        if table.segmented:  # a chunk may cross seams: the records of a window of it
+            records = expand(table, anchors, Window(length))
+            shape = (int(records.valid.shape[0]), length)
+            parts = (records.rows, records.steps)
+            first, exact = records.first_offsets, records.exact
+            self._gather(ring, table, shape, batch.data, first, 1, parts, exact)
+        else:
+            first = table.offsets(anchors.rows, anchors.steps)
+            shape = (int(first.shape[0]), length)
+            self._gather(ring, table, shape, batch.data, first, 1, None, None)
+        _copy_segment_ids(batch, table, anchors)
         _copy(batch.episode_ids, anchors.episode_ids)
         _copy(batch.starts, anchors.steps)
         if isinstance(batch, PrioritizedBatch) and anchors.weights is not None:
@@ -117,7 +129,9 @@ class Batcher:
         """
         shape = (int(records.valid.shape[0]), int(records.valid.shape[1]))
         parts = (records.rows, records.steps)
-        exact = records.valid if records.clamped else None  # the records not clamped
+        exact = records.exact  # the records at their run offset
+        if exact is None:
+            exact = records.valid if records.clamped else None
         self._gather(
             ring, table, shape, batch.data, records.first_offsets, window.dilation, parts, exact
         )
@@ -130,6 +144,7 @@ class Batcher:
             per_record = layout(window, batch.episode_ids.device)
             batch.learning_mask.copy_(per_record.learning_mask.expand(shape))  # rewritten:
             batch.step_in_sequence.copy_(per_record.record.expand(shape))  # callers edit them
+        _copy_segment_ids(batch, table, anchors)
         _copy(batch.episode_ids, anchors.episode_ids)
         _copy(batch.anchor_steps, anchors.steps)
         if batch.weights is not None and anchors.weights is not None:
@@ -203,6 +218,7 @@ class Batcher:
         device: torch.device,
         *,
         weights: bool,
+        segments: bool = False,
     ) -> None:
         """Refuse an ``out`` batch that cannot receive a draw of ``shape`` records on ``device``.
 
@@ -221,9 +237,11 @@ class Batcher:
         if has_weights != weights:
             rule = "a batch with importance weights" if weights else "a batch without weights"
             raise must_have("out", f"{rule}, as this draw", "the other kind")
-        for name, (want_shape, dtype) in _specs(kind, shape, schema, weights).items():
+        for name, (want_shape, dtype) in _specs(kind, shape, schema, weights, segments).items():
             field = name.removeprefix("data.") if name.startswith("data.") else None
             tensor = out.data[field] if field is not None else getattr(out, name)
+            if tensor is None:
+                raise must_have("out", f"a batch with {name}, as this draw", f"{name}=None")
             got = (tuple(tensor.shape), tensor.dtype, tensor.device)
             if got != (want_shape, dtype, device) or not tensor.is_contiguous():
                 raise must_have(
@@ -238,6 +256,12 @@ def _copy(into: torch.Tensor, values: Array) -> None:
     into.copy_(engine.tensor(values), non_blocking=True)
 
 
+def _copy_segment_ids(batch: Batch | WindowBatch, table: EpisodeTable, anchors: Anchors) -> None:
+    """The anchors' segment ids (their rows' keys), on a batch that carries them."""
+    if batch.segment_ids is not None:
+        _copy(batch.segment_ids, table.arrays["episode_id"][anchors.rows])
+
+
 def new_batch(
     kind: Callable[..., _B],
     shape: tuple[int, int],
@@ -246,6 +270,7 @@ def new_batch(
     *,
     weights: bool,
     blocks: Blocks | None = None,
+    segments: str | None = None,
 ) -> _B:
     """An empty ``kind`` batch of ``shape`` records, all its tensors in one block.
 
@@ -256,7 +281,7 @@ def new_batch(
     trimming its heap around a dozen outputs and the temporaries between them (which faults
     hundreds of pages back in per call).
     """
-    layout = _block_layout(kind, shape, schema, weights)
+    layout = _block_layout(kind, shape, schema, weights, segments is not None)
     total, groups = layout
 
     def build(block: torch.Tensor) -> Built:
@@ -269,7 +294,10 @@ def new_batch(
         data = MappingProxyType(fields)
         if kind is WindowBatch and not weights:
             tensors["weights"] = None  # a uniform draw has none
-        batch = kind(data=data, **tensors)
+        named: dict[str, Any] = dict(tensors)
+        if kind is PrioritizedBatch and segments is not None:
+            named["priority_unit"] = segments
+        batch = kind(data=data, **named)
         records = _record_views(batch) if isinstance(batch, WindowBatch) else None
         owned = [t for t in (*tensors.values(), *fields.values()) if t is not None]
         # The dict too: a view of the mapping (data.values()) holds it, not the mapping.
@@ -287,7 +315,11 @@ _View = tuple[str, tuple[int, ...], tuple[int, ...], int]
 
 @functools.lru_cache(maxsize=32)
 def _block_layout(
-    kind: Callable[..., object], shape: tuple[int, int], schema: Schema, weights: bool
+    kind: Callable[..., object],
+    shape: tuple[int, int],
+    schema: Schema,
+    weights: bool,
+    segments: bool = False,
 ) -> tuple[int, tuple[tuple[torch.dtype, tuple[_View, ...]], ...]]:
     """Bytes of a batch's block, and by dtype its tensors' names, shapes, strides, offsets.
 
@@ -295,7 +327,7 @@ def _block_layout(
     dtype; tensors start 64-byte aligned, so every dtype's view of the block reaches every
     tensor.
     """
-    specs = _specs(kind, shape, schema, weights)
+    specs = _specs(kind, shape, schema, weights, segments)
     groups: dict[torch.dtype, list[_View]] = {}
     total = 0
     for name, (dims, dtype) in specs.items():
@@ -306,7 +338,11 @@ def _block_layout(
 
 
 def _specs(
-    kind: Callable[..., object], shape: tuple[int, int], schema: Schema, weights: bool
+    kind: Callable[..., object],
+    shape: tuple[int, int],
+    schema: Schema,
+    weights: bool,
+    segments: bool = False,
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Shape and dtype of every tensor of a ``kind`` batch of ``shape`` records.
 
@@ -324,6 +360,8 @@ def _specs(
         specs["episode_ids"] = specs["starts"] = ((batch_size,), torch.int64)
     if weights:
         specs["weights"] = ((batch_size,), torch.float32)
+    if segments:
+        specs["segment_ids"] = ((batch_size,), torch.int64)
     return specs
 
 

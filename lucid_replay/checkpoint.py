@@ -98,6 +98,7 @@ def pack(snapshot: Snapshot) -> dict[str, Any]:
     """The state of ``snapshot`` as plain containers and CPU tensors (copies)."""
     table, ring = snapshot.table, snapshot.ring
     stored = table.num_transitions
+    columns, episodes = table.saved_columns()
     data = {}
     if snapshot.schema is not None and stored:
         data = {k: v.cpu() for k, v in ring.read(table.oldest_offset, stored).items()}
@@ -113,7 +114,8 @@ def pack(snapshot: Snapshot) -> dict[str, Any]:
             "oldest_offset": table.oldest_offset,
             "next_offset": table.next_offset,
             "generation": table.generation,
-            "columns": {k: v.cpu().clone() for k, v in table.columns.items()},
+            "columns": columns,
+            **({} if episodes is None else {"episodes": episodes}),
         },
         "data": data,
         "counts": dict(snapshot.counts),
@@ -149,7 +151,11 @@ def unpack(state: Mapping[str, Any], *, device: torch.device, capacity: int) -> 
     if not isinstance(saved_table, Mapping):
         raise CheckpointError(f"checkpoint table must be a mapping, got {saved_table!r}")
     table = EpisodeTable.from_columns(
-        saved_table.get("columns", {}), saved_table, device=device, capacity=capacity
+        saved_table.get("columns", {}),
+        saved_table,
+        device=device,
+        capacity=capacity,
+        episodes=saved_table.get("episodes"),
     )
     ring = TransitionRing(capacity, device)
     if schema is None:
@@ -228,9 +234,19 @@ def _check_consistent(snapshot: Snapshot, reuse_limit: int | None, device: torch
     table, counts = snapshot.table, snapshot.counts
     stored = table.stored_rows()
     times = table.times_sampled[stored]
+    added, evicted = table.next_id, table.first_id
+    if table.directory is not None:  # episodes are not rows: bounds, not equalities
+        directory = table.directory
+        times = directory.columns["times"][torch.from_numpy(directory.live_slots().copy())]
+        added, evicted = counts["episodes_added"], counts["episodes_evicted"]
+        if not evicted <= added <= directory.next_episode_id:
+            raise CheckpointError(
+                "checkpoint counts must have episodes_evicted <= episodes_added <= "
+                f"next_episode_id ({directory.next_episode_id}), got {evicted} and {added}"
+            )
     expected = {
-        "episodes_added": table.next_id,
-        "episodes_evicted": table.first_id,
+        "episodes_added": added,
+        "episodes_evicted": evicted,
         "transitions_added": table.next_offset,
         "transitions_evicted": table.oldest_offset,
     }
@@ -239,9 +255,9 @@ def _check_consistent(snapshot: Snapshot, reuse_limit: int | None, device: torch
             raise CheckpointError(
                 f"checkpoint counts[{name!r}] must equal the table's {value}, got {counts[name]}"
             )
-    if snapshot.evicted_unsampled > table.first_id:
+    if snapshot.evicted_unsampled > evicted:
         raise CheckpointError(
-            f"checkpoint evicted_unsampled must be <= episodes_evicted ({table.first_id}), "
+            f"checkpoint evicted_unsampled must be <= episodes_evicted ({evicted}), "
             f"got {snapshot.evicted_unsampled}"
         )
     if reuse_limit is not None and bool((times > reuse_limit).any()):
@@ -255,9 +271,9 @@ def _check_consistent(snapshot: Snapshot, reuse_limit: int | None, device: torch
             f"({int(times.sum())}), got {counts['chunks_sampled']}"
         )
     retired = 0 if reuse_limit is None else int((times >= reuse_limit).sum())
-    if not retired <= snapshot.episodes_retired <= table.next_id:
+    if not retired <= snapshot.episodes_retired <= added:
         raise CheckpointError(
-            f"checkpoint episodes_retired must be in [{retired}, {table.next_id}] for its "
+            f"checkpoint episodes_retired must be in [{retired}, {added}] for its "
             f"table, got {snapshot.episodes_retired}"
         )
     try:  # on a scratch generator, so that the buffer's own stays untouched

@@ -22,6 +22,7 @@ from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.batching import Batcher
 from lucid_replay.engine import Array
 from lucid_replay.episode import Episode
+from lucid_replay.errors import CheckpointError
 from lucid_replay.priorities import Priorities
 from lucid_replay.records import Anchors
 from lucid_replay.sampling import AnchorSampler
@@ -43,6 +44,11 @@ class _SpanName:
         return "length" if window == Window(window.length) else "the window's anchor span"
 
 
+def _extra(window: Window) -> int:
+    """Steps beyond ``window.anchor_span`` an anchor of an open episode needs."""
+    return window.open_anchor_span - window.anchor_span
+
+
 class ReplayCore:
     """Stored episodes, the sampler over them, the random stream, and priorities (or None).
 
@@ -57,10 +63,23 @@ class ReplayCore:
         reuse_limit: int | None,
         generator: torch.Generator,
         schema: Schema | None = None,
+        *,
+        segment_length: int | None = None,
+        priority_unit: str = "episode",
     ) -> None:
-        self.store = EpisodeStore(capacity, device, reuse_limit, schema)
+        self.store = EpisodeStore(
+            capacity,
+            device,
+            reuse_limit,
+            schema,
+            segment_length=segment_length,
+            priority_unit=priority_unit,
+            unit=unit,
+        )
         self.sampler = AnchorSampler(self.store.table, unit, reuse_limit)
         self.store.on_change = self.sampler.trees.mark_dirty
+        if self.store.segments is not None:
+            self.store.segments.need_of_trees = self.sampler.trees.max_need
         self.generator = generator
         self.priorities: Priorities | None = None
         self.chunks_sampled = 0
@@ -69,8 +88,17 @@ class ReplayCore:
     # ---------------------------------------------------------------------------- adding
     def add(self, episode: Episode, schema: Schema) -> int:
         """Store a checked episode at the largest priority ever set (1 without priorities)."""
-        priority = 1.0 if self.priorities is None else self.priorities.max_priority
-        return self.store.add(episode, schema, priority)
+        return self.store.add(episode, schema, self.max_priority)
+
+    def max_priority(self) -> float:
+        """What a new episode (or segment) gets: the largest priority ever set, else 1."""
+        return 1.0 if self.priorities is None else self.priorities.max_priority
+
+    @property
+    def priority_unit(self) -> str | None:
+        """``"episode"`` or ``"segment"`` on a segmented buffer, else ``None``."""
+        segments = self.store.segments
+        return None if segments is None else segments.priority_unit
 
     # --------------------------------------------------------------------------- drawing
     def draw(self, batch_size: int, window: Window, *, prioritized: bool) -> Anchors:
@@ -82,6 +110,7 @@ class ReplayCore:
             what=_SpanName(window),
             alpha=alpha,
             generator=self.generator,
+            extra=_extra(window),
         )
         if self.priorities is not None and alpha is not None:
             weights = self.priorities.weights(anchors.priorities)
@@ -97,7 +126,8 @@ class ReplayCore:
 
     def log_mass(self, window: Window, *, prioritized: bool) -> float:
         """``log`` of the total mass a draw of ``window`` chooses from (``-inf``: none)."""
-        return self.sampler.trees.log_mass(window.anchor_span, self.alpha(prioritized))
+        alpha = self.alpha(prioritized)
+        return self.sampler.trees.log_mass(window.anchor_span, alpha, _extra(window))
 
     def chunks(
         self,
@@ -111,7 +141,15 @@ class ReplayCore:
         """Draw chunks of ``length`` steps onto ``target`` (into ``out``, if given)."""
         kind = Batch if self.alpha(prioritized) is None else PrioritizedBatch
         shape, weights = (batch_size, length), kind is PrioritizedBatch
-        out = self.batcher.reserve(kind, shape, self.store.schema, target, weights=weights, out=out)
+        out = self.batcher.reserve(
+            kind,
+            shape,
+            self.store.schema,
+            target,
+            weights=weights,
+            out=out,
+            segments=self.priority_unit,
+        )
         anchors = self.draw(batch_size, Window(length), prioritized=prioritized)
         assert out is not None  # the draw refused an empty buffer (no schema yet)
         batch = self.batcher.fill_chunks(out, self.store.ring, self.store.table, anchors, length)
@@ -158,7 +196,15 @@ class ReplayCore:
         out: WindowBatch | None,
     ) -> WindowBatch | None:
         shape, schema = (batch_size, window.size), self.store.schema
-        return self.batcher.reserve(WindowBatch, shape, schema, target, weights=weights, out=out)
+        return self.batcher.reserve(
+            WindowBatch,
+            shape,
+            schema,
+            target,
+            weights=weights,
+            out=out,
+            segments=self.priority_unit,
+        )
 
     def draw_round(
         self,
@@ -178,14 +224,20 @@ class ReplayCore:
         (bool ``[count]``, on the CPU). The caller checks that the mass is positive.
         """
         anchors, kept = self.sampler.draw_round(
-            count, window.anchor_span, alpha=self.alpha(prioritized), generator=self.generator
+            count,
+            window.anchor_span,
+            alpha=self.alpha(prioritized),
+            generator=self.generator,
+            extra=_extra(window),
         )
         drawn = int(anchors.steps.shape[0])
         self.chunks_sampled += drawn
         batch: Batch | WindowBatch
         if chunks:
             shape, schema = (drawn, window.length), self.store.schema
-            out = self.batcher.reserve(Batch, shape, schema, target, weights=False)
+            out = self.batcher.reserve(
+                Batch, shape, schema, target, weights=False, segments=self.priority_unit
+            )
             assert out is not None  # a positive mass means stored episodes
             store = self.store
             batch = self.batcher.fill_chunks(out, store.ring, store.table, anchors, window.length)
@@ -196,7 +248,7 @@ class ReplayCore:
 
     def num_eligible(self, window: Window) -> int:
         """Anchors (or episodes) a uniform draw of ``window`` chooses from now."""
-        return round(self.sampler.trees.mass(window.anchor_span, None))
+        return round(self.sampler.trees.mass(window.anchor_span, None, _extra(window)))
 
     # ------------------------------------------------------------------------ priorities
     def apply_priorities(self, ids: torch.Tensor, priorities: torch.Tensor) -> tuple[int, float]:
@@ -207,14 +259,45 @@ class ReplayCore:
         """
         assert self.priorities is not None  # only prioritized buffers call this
         table = self.store.table
-        rows, applied, largest = table.assign_priorities(engine.view(ids), engine.view(priorities))
+        if self.priority_unit == "episode":  # ids are episodes: every segment of theirs
+            assert self.store.segments is not None
+            rows, applied, largest = self.store.segments.assign_priorities(ids, priorities)
+        else:
+            rows, applied, largest = table.assign_priorities(
+                engine.view(ids), engine.view(priorities)
+            )
         if applied:
             self.priorities.raise_max(largest)
             self.sampler.trees.mark_priorities_dirty(engine.tensor(rows))
         return applied, largest
 
+    def first_unissued(self, ids: torch.Tensor) -> int:
+        """Position of the first id in ``ids`` this buffer never issued, else -1.
+
+        Episode ids, or segment ids under ``priority_unit="segment"``.
+        """
+        if self.priority_unit == "episode":
+            assert self.store.segments is not None
+            issued = self.store.segments.directory.next_episode_id
+            bad = (ids < 0) | (ids >= issued)
+            return int(bad.nonzero()[0]) if bool(bad.any()) else -1
+        return self.store.table.first_unissued(engine.view(ids))
+
+    def issued_ids(self) -> int:
+        """How many ids of the priority unit were issued (for messages)."""
+        if self.priority_unit == "episode":
+            assert self.store.segments is not None
+            return self.store.segments.directory.next_episode_id
+        return self.store.table.next_id
+
     def stored_priorities(self) -> torch.Tensor:
-        """float64 ``[num_episodes]``: stored episodes' priorities, oldest first."""
+        """float64: stored episodes' priorities, oldest first.
+
+        On a buffer with ``priority_unit="segment"``: the stored segments', in id order.
+        """
+        segments = self.store.segments
+        if segments is not None and segments.priority_unit == "episode":
+            return segments.stored_priorities()
         table = self.store.table
         priorities: torch.Tensor = table.priority[table.stored_rows()]
         return priorities
@@ -230,6 +313,7 @@ class ReplayCore:
             "episodes_retired": int(self.sampler.episodes_retired),
             "episodes_stored": store.table.num_episodes,
             "transitions_stored": store.table.num_transitions,
+            **({} if store.segments is None else store.segments.counts()),
         }
 
     # ----------------------------------------------------------------------- persistence
@@ -252,6 +336,11 @@ class ReplayCore:
     def restore(self, snapshot: checkpoint.Snapshot, config: dict[str, Any]) -> None:
         """Check ``snapshot`` against this state's ``config``, then adopt it whole."""
         device = self.store.table.device
+        if snapshot.table.segmented != (self.store.segments is not None):
+            raise CheckpointError(
+                "checkpoint table must have segment rows exactly when segment_length is set, "
+                f"got segment rows: {snapshot.table.segmented}"
+            )
         checkpoint.check_adoptable(
             snapshot,
             config,

@@ -283,7 +283,7 @@ def route_loop(
 
 
 def batch_errors(
-    batch: object, errors: Any, *, eta: float, mask: Any
+    batch: object, errors: Any, *, eta: float, mask: Any, by_segment: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """``update_priorities_from``'s arguments, checked: ``(episode ids, values, mixed)``.
 
@@ -295,6 +295,16 @@ def batch_errors(
     eta = check_float("eta", eta, minimum=0.0, maximum=1.0)
     if not isinstance(batch, WindowBatch):
         raise wrong_kind("batch", "a WindowBatch", type(batch).__name__)
+    anchor_ids, record_ids = batch.episode_ids, batch.record_episode_ids
+    if by_segment:  # a window's priority goes to its anchor's segment
+        if batch.segment_ids is None:
+            raise must_have(
+                "batch", "a batch of a buffer with segments (segment_ids)", "segment_ids=None"
+            )
+        # Counted records are those of the anchor's episode: the same test, on ids shifted
+        # so that the anchor's own id becomes its segment id.
+        record_ids = record_ids + (batch.segment_ids - batch.episode_ids)[:, None]
+        anchor_ids = batch.segment_ids
     values = as_tensor("errors", errors)
     if tuple(values.shape) == tuple(batch.validity_mask.shape[:1]):
         if mask is not None:  # a per-window error has no records left to leave out
@@ -303,12 +313,12 @@ def batch_errors(
                 "None with per-window errors [B] (mask the records of [B, W] errors instead)",
                 f"a mask with errors of shape {tuple(values.shape)}",
             )
-        return batch.episode_ids, values, False
+        return anchor_ids, values, False
     ids, mixed = window_priorities(
         batch.learning_mask,
         batch.validity_mask,
-        batch.record_episode_ids,
-        batch.episode_ids,
+        record_ids,
+        anchor_ids,
         values,
         eta=eta,
         mask=mask,

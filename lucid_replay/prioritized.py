@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from lucid_replay import engine
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
 from lucid_replay.checks import as_vector, check_float
 from lucid_replay.errors import must
@@ -31,8 +30,15 @@ class PrioritizedSequenceReplay(SequenceReplay):
     epsilon
         Added to every ``|error|`` so that an episode whose error reached zero can still be
         drawn.
-    device, unit, seed, max_times_sampled, schema
+    device, unit, seed, max_times_sampled, schema, segment_length
         As `SequenceReplay`.
+    priority_unit
+        What a priority belongs to on a buffer with ``segment_length``: ``"episode"``
+        (default; one priority per episode, shared by its segments, and `update_priorities`
+        takes episode ids) or ``"segment"`` (needs ``segment_length`` and ``unit="chunk"``:
+        each segment has its own priority, a new one gets the largest priority ever set, an
+        anchor's priority is its anchor step's segment's, and ``indices`` of batches and
+        `update_priorities` are segment ids, issued 0, 1, 2, ... in commit order).
 
     Raises
     ------
@@ -93,8 +99,11 @@ class PrioritizedSequenceReplay(SequenceReplay):
         seed: int | torch.Generator | None = None,
         max_times_sampled: int | None = None,
         schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+        segment_length: int | None = None,
+        priority_unit: str = "episode",
     ) -> None:
         priorities = Priorities(alpha, beta, epsilon)
+        self._priority_unit = priority_unit  # read by SequenceReplay.__init__
         super().__init__(
             capacity,
             device=device,
@@ -102,6 +111,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
             seed=seed,
             max_times_sampled=max_times_sampled,
             schema=schema,
+            segment_length=segment_length,
         )
         self._core.priorities = priorities
 
@@ -125,6 +135,11 @@ class PrioritizedSequenceReplay(SequenceReplay):
     def epsilon(self) -> float:
         """Added to every ``|error|``."""
         return self._priorities.epsilon
+
+    @property
+    def priority_unit(self) -> str:
+        """``"episode"`` or ``"segment"``: what priorities (and batch ``indices``) belong to."""
+        return self._core.priority_unit or "episode"
 
     @property
     def max_priority(self) -> float:
@@ -192,12 +207,12 @@ class PrioritizedSequenceReplay(SequenceReplay):
             return self._core.apply_priorities(ids, priorities)
 
     def _check_issued(self, ids: torch.Tensor, param: str = "indices") -> None:
-        table = self._core.store.table
-        at = table.first_unissued(engine.view(ids))
+        at = self._core.first_unissued(ids)
         if at >= 0:
-            next_id = table.next_id
+            next_id = self._core.issued_ids()
             ids_so_far = f"0 .. {next_id - 1}" if next_id else "none issued yet"
-            raise must(f"{param}[{at}]", f"an issued episode id ({ids_so_far})", int(ids[at]))
+            what = "segment" if self._core.priority_unit == "segment" else "episode"
+            raise must(f"{param}[{at}]", f"an issued {what} id ({ids_so_far})", int(ids[at]))
 
     def update_priorities_from(
         self, batch: WindowBatch, errors: Any, *, eta: float = 0.9, mask: Any = None
@@ -224,16 +239,21 @@ class PrioritizedSequenceReplay(SequenceReplay):
         TypeError
             If ``batch`` is not a `WindowBatch`.
         """
-        ids, mixed, per_record = batch_errors(batch, errors, eta=eta, mask=mask)
+        by_segment = self._core.priority_unit == "segment"
+        ids, mixed, per_record = batch_errors(
+            batch, errors, eta=eta, mask=mask, by_segment=by_segment
+        )
         if not per_record:
             return self.update_priorities(ids, mixed)
         priorities = self._priorities.of_errors(mixed.to(self._device))
         with self._lock:
             # Every anchor, not only the routed ones: a batch of another buffer is refused.
-            anchors = batch.episode_ids
+            anchors = batch.segment_ids if by_segment else batch.episode_ids
+            assert anchors is not None  # checked by batch_errors
             if anchors.device != self._device:
                 anchors = anchors.to(self._device)
-            self._check_issued(anchors, "batch.episode_ids")
+            param = "batch.segment_ids" if by_segment else "batch.episode_ids"
+            self._check_issued(anchors, param)
             return self._core.apply_priorities(ids.to(self._device), priorities)[0]
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:

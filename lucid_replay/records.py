@@ -44,7 +44,8 @@ class Records:
     is also at offset ``first_offsets[b] + k * dilation``; the gather reads those runs as
     blocks and takes ``rows`` and ``steps`` only for the records that are not ``valid``.
     ``filled``: `expand` wrote the per-record entries into `RecordArrays` (the learning mask
-    and record index too).
+    and record index too). ``exact``, when set, says which records lie at their run offset
+    (windows across segment seams: valid records of the anchor's own segment).
     """
 
     first_offsets: Array  # [B]: where record 0 would be without clamping
@@ -56,6 +57,7 @@ class Records:
     terminal: Array
     clamped: bool
     filled: bool = False
+    exact: Array = None  # [B, W]: records at their run offset (None: ``valid`` if clamped)
 
 
 @attrs.frozen(eq=False)

@@ -8,10 +8,9 @@ and `Priorities` holds the prioritization state of a `PrioritizedSequenceReplay`
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -20,20 +19,22 @@ from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch, record_posi
 from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must, wrong_type
+from lucid_replay.errors import must, must_have, wrong_type
 from lucid_replay.prefetch import Prefetcher, recycling
+from lucid_replay.saving import Checkpointing
 from lucid_replay.schema import Schema
+from lucid_replay.segments import PRIORITY_UNITS
+from lucid_replay.streams import EpisodeStreams
 from lucid_replay.window import MAX_RECORDS, Window, check_window
 
 __all__ = ["SequenceReplay"]
 
-_ReplayT = TypeVar("_ReplayT", bound="SequenceReplay")
 _UNITS = ("chunk", "episode")
 _MAX_BATCH = 2**31 - 1
 _MAX_PREFETCH = 2**16
 
 
-class SequenceReplay:
+class SequenceReplay(EpisodeStreams, Checkpointing):
     """A replay buffer of whole episodes that samples fixed-length chunks uniformly.
 
     Parameters
@@ -58,6 +59,12 @@ class SequenceReplay:
         first episode (and returned by `schema` before any add). `add` then casts each field
         to its declared dtype where numpy's ``same_kind`` rule allows it (float64 rewards to
         float32, integers to floats) and refuses the rest (floats to integers).
+    segment_length
+        ``None`` (default): episodes are stored whole. An int ``L`` (``1 <= L <= capacity``):
+        episodes are stored, committed and evicted in segments of ``L`` steps, so they can
+        be streamed (`open_episode`), be longer than ``capacity``, and lose their oldest
+        segments first; windows read across segment seams. See the guide "Long and
+        continuing episodes".
 
     Raises
     ------
@@ -98,18 +105,39 @@ class SequenceReplay:
         seed: int | torch.Generator | None = None,
         max_times_sampled: int | None = None,
         schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+        segment_length: int | None = None,
     ) -> None:
         declared = None if schema is None else Schema.declared(schema)
         self._capacity = check_int("capacity", capacity, minimum=1, maximum=2**62)
         if unit not in _UNITS:
             raise must("unit", f"one of {_UNITS}", unit)
+        if segment_length is not None:
+            segment_length = check_int(
+                "segment_length", segment_length, minimum=1, maximum=self._capacity
+            )
+        priority_unit = self.__dict__.get("_priority_unit", "episode")  # set by subclasses
+        if priority_unit not in PRIORITY_UNITS:
+            raise must("priority_unit", f"one of {PRIORITY_UNITS}", priority_unit)
+        if priority_unit == "segment" and (segment_length is None or unit != "chunk"):
+            raise must_have(
+                "priority_unit",
+                '"episode" unless segment_length is set and unit="chunk"',
+                f'"segment" with segment_length={segment_length}, unit={unit!r}',
+            )
         if max_times_sampled is not None:
             max_times_sampled = check_int("max_times_sampled", max_times_sampled, minimum=1)
         self._device = check_device("device", device)
         generator = make_generator(seed, self._device)
         self._lock = threading.RLock()
         self._core = ReplayCore(
-            self._capacity, self._device, unit, max_times_sampled, generator, declared
+            self._capacity,
+            self._device,
+            unit,
+            max_times_sampled,
+            generator,
+            declared,
+            segment_length=segment_length,
+            priority_unit=priority_unit,
         )
         forks.reset_in_child(self)
 
@@ -139,14 +167,39 @@ class SequenceReplay:
         return self._core.sampler.reuse_limit
 
     @property
-    def num_episodes(self) -> int:
-        """Stored episodes."""
-        return self._core.store.table.num_episodes
+    def segment_length(self) -> int | None:
+        """Steps per segment, or ``None`` when episodes are stored whole."""
+        segments = self._core.store.segments
+        return None if segments is None else segments.segment_length
 
     @property
-    def episode_ids(self) -> range:
-        """Ids of the stored episodes, oldest first (always a contiguous range)."""
-        return range(self._core.store.table.first_id, self._core.store.table.next_id)
+    def _next_episode_id(self) -> int:
+        """The id the next episode gets (for shards that map local ids to global ones)."""
+        segments = self._core.store.segments
+        if segments is None:
+            return self._core.store.table.next_id
+        return segments.directory.next_episode_id
+
+    @property
+    def num_episodes(self) -> int:
+        """Stored episodes (with at least one stored step)."""
+        segments = self._core.store.segments
+        if segments is None:
+            return self._core.store.table.num_episodes
+        return int(segments.directory.stored_slots().shape[0])
+
+    @property
+    def episode_ids(self) -> Sequence[int]:
+        """Ids of the stored episodes, oldest first.
+
+        A contiguous ``range`` when episodes are stored whole; with ``segment_length`` a
+        list ordered by each episode's oldest stored segment.
+        """
+        store = self._core.store
+        if store.segments is not None:
+            with self._lock:
+                return store.segments.directory.stored_ids()
+        return range(store.table.first_id, store.table.next_id)
 
     @property
     def schema(self) -> Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None:
@@ -161,7 +214,8 @@ class SequenceReplay:
 
     def __contains__(self, episode_id: object) -> bool:
         try:
-            return self._core.store.stored_id(episode_id) >= 0  # True == 1, but a flag is no id
+            with self._lock:  # True == 1, but a flag is no id
+                return self._core.store.stored_id(episode_id) >= 0
         except (TypeError, KeyError):
             return False
 
@@ -255,8 +309,15 @@ class SequenceReplay:
             if out is not None:
                 kind = PrioritizedBatch if prioritized else Batch
                 schema = self._core.store.schema
-                shape = (batch_size, length)
-                self._core.batcher.check_out(out, kind, shape, schema, target, weights=prioritized)
+                self._core.batcher.check_out(
+                    out,
+                    kind,
+                    (batch_size, length),
+                    schema,
+                    target,
+                    weights=prioritized,
+                    segments=self._core.priority_unit is not None,
+                )
             return self._core.chunks(batch_size, length, target, prioritized=prioritized, out=out)
 
     def sample_windows(
@@ -278,14 +339,21 @@ class SequenceReplay:
         return instead of allocating one (as for `sample`).
         """
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
-        check_window(window)
+        self._check_window(window)
         use_priorities = self._use_priorities(prioritized)
         target = self._out_device(device, out)
         with self._lock:
             if out is not None:
                 shape, schema = (batch_size, window.size), self._core.store.schema
-                batcher = self._core.batcher
-                batcher.check_out(out, WindowBatch, shape, schema, target, weights=use_priorities)
+                self._core.batcher.check_out(
+                    out,
+                    WindowBatch,
+                    shape,
+                    schema,
+                    target,
+                    weights=use_priorities,
+                    segments=self._core.priority_unit is not None,
+                )
             return self._core.windows(
                 batch_size, window, target, prioritized=use_priorities, out=out
             )
@@ -307,7 +375,7 @@ class SequenceReplay:
         InvalidArgumentError
             For a step outside its episode or arguments of different lengths.
         """
-        check_window(window)
+        self._check_window(window)
         target = self._batch_device(device)
         with self._lock:
             anchors = self._core.store.anchors(episode_ids, anchor_steps)
@@ -320,9 +388,21 @@ class SequenceReplay:
         (reuse limit reached) are excluded. O(1) amortised, so a loop can wait on it until it
         may sample (``> 0``).
         """
-        check_window(window)
+        self._check_window(window)
         with self._lock:
             return self._core.num_eligible(window)
+
+    def _check_window(self, window: object) -> None:
+        """Refuse a non-`Window`, and ``include_reset`` on a segmented buffer."""
+        check_window(window)
+        assert isinstance(window, Window)
+        if window.boundary == "include_reset" and self._core.store.segments is not None:
+            raise must(
+                "window.boundary",
+                '"pad" or "stop" on a buffer with segment_length (episodes are streamed '
+                "in interleaved segments: there is no next stored episode to continue into)",
+                window.boundary,
+            )
 
     def _use_priorities(self, prioritized: object) -> bool:
         """``sample_windows``' ``prioritized``: ``None`` means "if this buffer has them"."""
@@ -384,7 +464,7 @@ class SequenceReplay:
         """
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
-        check_window(window)
+        self._check_window(window)
         if not isinstance(recycle, bool):
             raise wrong_type("recycle", "a bool", recycle)
         target = self._batch_device(device)
@@ -423,67 +503,6 @@ class SequenceReplay:
         generator = make_generator(seed, self._device)
         with self._lock:
             self._core.generator = generator
-
-    # ----------------------------------------------------------------------- persistence
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to restore the buffer exactly (tensors on CPU)."""
-        with self._lock:
-            return checkpoint.pack(self._core.snapshot(type(self).__name__, self._config()))
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore from `state_dict`; on any error the buffer is left unchanged.
-
-        Raises
-        ------
-        CheckpointError
-            For a state of another class, another configuration, or one that breaks an
-            invariant of the episode table, the data, the counters, the RNG state or the
-            priorities.
-        """
-        with self._lock:
-            checkpoint.check_header(state, type(self).__name__)
-            snapshot = checkpoint.unpack(state, device=self._device, capacity=self._capacity)
-            self._core.restore(snapshot, self._config())
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the buffer to ``path`` atomically (a temporary file flushed to disk, a rename).
-
-        The file carries a checksum of its contents: a corrupted file is refused by `load`.
-        """
-        checkpoint.write(path, self.state_dict())
-
-    @classmethod
-    def load(
-        cls: type[_ReplayT],
-        path: str | os.PathLike[str],
-        *,
-        device: torch.device | str | None = None,
-    ) -> _ReplayT:
-        """Read a buffer saved by `save`; returns the class that was saved.
-
-        Raises
-        ------
-        CheckpointError
-            (a ``ValueError``) for a file that is not a buffer, is truncated or corrupt
-            (its checksum fails), has an unknown format version or a bad configuration.
-        """
-        state = checkpoint.read(path)
-        buffer = checkpoint.construct(state, cls, device)
-        buffer.load_state_dict(state)
-        return buffer
-
-    def _config(self) -> dict[str, Any]:
-        store = self._core.store
-        declared = store.schema if store.declared else None
-        config = {
-            "capacity": self._capacity,
-            "device": str(self._device),
-            "unit": self.unit,
-            "max_times_sampled": self.max_times_sampled,
-            "schema": declared.to_state() if declared is not None else None,
-        }
-        priorities = self._core.priorities
-        return config if priorities is None else {**config, **priorities.config()}
 
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock, and a random stream of its own."""

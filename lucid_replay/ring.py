@@ -218,7 +218,7 @@ class TransitionRing:
                 stride,
                 size,
                 _ALL_EXACT if engine_exact is None else engine_exact,
-                table.arrays["start"],
+                table.arrays["base"],
                 rows,
                 steps,
                 self.capacity,

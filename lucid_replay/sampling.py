@@ -20,7 +20,7 @@ from lucid_replay.engine import Array
 from lucid_replay.errors import ReuseLimitError, must, must_have
 from lucid_replay.records import Anchors
 from lucid_replay.table import EpisodeTable
-from lucid_replay.trees import UNIFORM_TREE, Trees, eligible_anchors
+from lucid_replay.trees import UNIFORM_TREE, Trees, anchors_in_rows, episode_anchors
 
 __all__: list[str] = []  # internal module
 
@@ -62,14 +62,15 @@ class AnchorSampler:
         what: object,
         alpha: float | None,
         generator: torch.Generator,
+        extra: int = 0,
     ) -> Anchors:
         """`draw`, after refusing a table with nothing eligible (``str(what)`` names the span)."""
         if self.table.num_episodes == 0:
             raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
-        cached = self.trees.cached(span, alpha)
+        cached = self.trees.cached(span, alpha, extra)
         if cached.total() <= 0:
-            raise self.nothing_eligible(span, what, batch_size)
-        return self._draw_from(cached, batch_size, span, alpha, generator)
+            raise self.nothing_eligible(span, what, batch_size, extra)
+        return self._draw_from(cached, batch_size, (span, extra), alpha, generator)
 
     def draw(
         self,
@@ -78,49 +79,64 @@ class AnchorSampler:
         *,
         alpha: float | None,
         generator: torch.Generator,
+        extra: int = 0,
     ) -> Anchors:
         """Draw ``batch_size`` anchors with replacement (O(B log E)).
 
         The caller checks ``trees.mass(span, alpha) > 0`` first. Under a reuse limit no episode is
         drawn more than its remaining allowance, also within this call; if the eligible
         episodes cannot supply ``batch_size`` draws, `ReuseLimitError` is raised, the
-        generator is rewound and nothing changes.
+        generator is rewound and nothing changes. ``extra``: see `anchors_in_rows`.
         """
-        return self._draw_from(self.trees.cached(span, alpha), batch_size, span, alpha, generator)
+        cached = self.trees.cached(span, alpha, extra)
+        return self._draw_from(cached, batch_size, (span, extra), alpha, generator)
 
     def _draw_from(
         self,
         cached: sum_tree.CachedTree,
         batch_size: int,
-        span: int,
+        need: tuple[int, int],
         alpha: float | None,
         generator: torch.Generator,
     ) -> Anchors:
-        """`draw` from ``cached``, the up-to-date tree for ``(span, alpha)``."""
-        column = self.table.arrays
+        """`draw` from ``cached``, the up-to-date tree for ``(span, extra, alpha)``."""
+        column, owners = self.table.arrays, self.table.owners()
         if self.reuse_limit is None and engine.compiled(cached.array):  # one compiled call
             rows, steps, ids, drawn = draw_loop(
                 cached.array,
                 cached.levels,
                 self._uniforms(batch_size, generator),
                 column["length"],
-                span,
-                column["times_sampled"],
-                column["episode_id"],
+                *need,
+                self._owner_ids(),
                 UNIFORM_TREE if alpha is None else column["priority"],
+                *owners,
             )
             return Anchors(rows, ids, steps, None if alpha is None else drawn)
         if self.reuse_limit is None:
-            rows, steps = self._draw_rows(cached, batch_size, span, generator)
-            _count_draws(column["times_sampled"], rows)
+            rows, steps = self._draw_rows(cached, batch_size, need, generator)
+            _count_draws(owners.times, owners.slot[rows])
         else:
-            drawn_rows, drawn_steps = self._draw_within_limit(cached, batch_size, span, generator)
+            drawn_rows, drawn_steps = self._draw_within_limit(cached, batch_size, need, generator)
             self._count_draws_within_limit(drawn_rows)
             rows, steps = engine.view(drawn_rows), engine.view(drawn_steps)
         return self._anchors(rows, steps, alpha)
 
+    def _owner_ids(self) -> Array:
+        """Episode ids by directory slot (by row for whole episodes)."""
+        directory = self.table.directory
+        return (
+            self.table.arrays["episode_id"] if directory is None else directory.arrays["episode_id"]
+        )
+
     def draw_round(
-        self, count: int, span: int, *, alpha: float | None, generator: torch.Generator
+        self,
+        count: int,
+        span: int,
+        *,
+        alpha: float | None,
+        generator: torch.Generator,
+        extra: int = 0,
     ) -> tuple[Anchors, torch.Tensor]:
         """One round of a draw coordinated across several samplers.
 
@@ -131,43 +147,56 @@ class AnchorSampler:
         (a refused draw exhausted its episode, which then has mass 0). The caller checks
         that the mass is positive.
         """
-        rows, steps = self._draw_rows(self.trees.cached(span, alpha), count, span, generator)
+        cached = self.trees.cached(span, alpha, extra)
+        rows, steps = self._draw_rows(cached, count, (span, extra), generator)
+        owners = self.table.owners()
         if self.reuse_limit is None:
-            _count_draws(self.table.arrays["times_sampled"], rows)
+            _count_draws(owners.times, owners.slot[rows])
             return self._anchors(rows, steps, alpha), torch.ones(count, dtype=torch.bool)
         rows, steps = engine.tensor(rows), engine.tensor(steps)
-        allowance = self.reuse_limit - self.table.times_sampled[rows]
-        keep = _occurrence_rank(rows) < allowance
+        slots = engine.tensor(owners.slot)[rows]
+        allowance = self.reuse_limit - engine.tensor(owners.times)[slots]
+        keep = _occurrence_rank(slots) < allowance
         rows, steps = rows[keep], steps[keep]
         self._count_draws_within_limit(rows)
         return self._anchors(engine.view(rows), engine.view(steps), alpha), keep.cpu()
 
     def _anchors(self, rows: Array, steps: Array, alpha: float | None) -> Anchors:
-        column = self.table.arrays
+        column, owners = self.table.arrays, self.table.owners()
         return Anchors(
             rows,
-            column["episode_id"][rows],
+            self._owner_ids()[owners.slot[rows]],
             steps,
             None if alpha is None else column["priority"][rows],
         )
 
     def _count_draws_within_limit(self, rows: torch.Tensor) -> None:
-        """Count the draws of ``rows``; episodes reaching the limit retire (leaf 0)."""
+        """Count the draws of ``rows``' episodes; those reaching the limit retire (leaf 0)."""
         assert self.reuse_limit is not None
-        times_sampled = self.table.times_sampled
-        before = times_sampled[rows]
-        times_sampled.index_add_(0, rows, torch.ones_like(rows))
-        after = times_sampled[rows]
-        retiring = (before < self.reuse_limit) & (after >= self.reuse_limit)
-        self.episodes_retired += (retiring & _first_occurrence(rows)).sum()
+        owners = self.table.owners()
+        times = engine.tensor(owners.times)
+        slots = engine.tensor(owners.slot)[rows]
+        before = times[slots]
+        times.index_add_(0, slots, torch.ones_like(slots))
+        after = times[slots]
+        retiring = (
+            (before < self.reuse_limit) & (after >= self.reuse_limit) & _first_occurrence(slots)
+        )
+        self.episodes_retired += retiring.sum()
         self.trees.mark_dirty(rows)
+        if self.table.segmented and bool(retiring.any()):  # every segment of theirs: leaf 0
+            self.trees.mark_dirty(self.table.segment_rows(slots[retiring]))
 
     def _draw_rows(
-        self, cached: sum_tree.CachedTree, count: int, span: int, generator: torch.Generator
+        self,
+        cached: sum_tree.CachedTree,
+        count: int,
+        need: tuple[int, int],
+        generator: torch.Generator,
     ) -> tuple[Array, Array]:
         """``count`` rows by leaf mass and a uniform eligible step in each (`draw_rows`)."""
         uniforms = self._uniforms(count, generator)
-        return draw_rows(cached, self.table.arrays["length"], uniforms, span)
+        return draw_rows(cached, self.table, uniforms, need)
 
     def _uniforms(self, count: int, generator: torch.Generator) -> Array:
         """``[count, 2]`` float64 uniforms from ``generator``, an `engine` array.
@@ -186,7 +215,11 @@ class AnchorSampler:
         return self._kept_array
 
     def _draw_within_limit(
-        self, cached: sum_tree.CachedTree, batch_size: int, span: int, generator: torch.Generator
+        self,
+        cached: sum_tree.CachedTree,
+        batch_size: int,
+        need: tuple[int, int],
+        generator: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw in rounds that never exceed an episode's remaining allowance.
 
@@ -201,20 +234,25 @@ class AnchorSampler:
         rows = torch.empty(0, dtype=torch.int64, device=device)
         steps = torch.empty(0, dtype=torch.int64, device=device)
         exhausted: list[torch.Tensor] = []
+        owners = self.table.owners()
+        slot_of, times = engine.tensor(owners.slot), engine.tensor(owners.times)
         try:
             while rows.numel() < batch_size:
                 if cached.total() <= 0:
                     generator.set_state(saved_state)
-                    raise self.reuse_limit_error(span, batch_size)
-                drawn = self._draw_rows(cached, batch_size - rows.numel(), span, generator)
+                    raise self.reuse_limit_error(need[0], batch_size, need[1])
+                drawn = self._draw_rows(cached, batch_size - rows.numel(), need, generator)
                 new_rows, new_steps = engine.tensor(drawn[0]), engine.tensor(drawn[1])
                 every = torch.cat([rows, new_rows])
-                rank = _occurrence_rank(every)
-                allowance = self.reuse_limit - self.table.times_sampled[every]
+                slots = slot_of[every]  # the allowance is its episode's
+                rank = _occurrence_rank(slots)
+                allowance = self.reuse_limit - times[slots]
                 keep = (rank < allowance)[rows.numel() :]
                 rows = torch.cat([rows, new_rows[keep]])
                 steps = torch.cat([steps, new_steps[keep]])
-                used_up = torch.unique(every[rank + 1 == allowance])
+                used_up = torch.unique(slots[rank + 1 == allowance])
+                if self.table.segmented:
+                    used_up = engine.tensor(self.table.segment_rows(used_up))
                 zeros = torch.zeros_like(used_up, dtype=cached.nodes.dtype)
                 sum_tree.assign_leaves(cached.nodes, used_up, zeros)
                 exhausted.append(used_up)
@@ -223,83 +261,109 @@ class AnchorSampler:
                 self.trees.mark_dirty(used_up)
         return rows, steps
 
-    def draws_left(self, span: int) -> int | None:
+    def draws_left(self, span: int, extra: int = 0) -> int | None:
         """Draws the reuse limit still allows to episodes with an eligible anchor (O(E)).
 
         ``None`` without a reuse limit.
         """
         if self.reuse_limit is None:
             return None
-        table = self.table
-        rows = table.stored_rows()
-        eligible = eligible_anchors(table.length[rows], span) > 0
-        left = (self.reuse_limit - table.times_sampled[rows]).clamp_min(0)
-        return int((left * eligible).sum())
+        slots, owners = self.table.stored_slots(), self.table.owners()
+        eligible = episode_anchors(owners, slots, span, extra) > 0
+        left = self.reuse_limit - owners.times[slots]
+        return int((left * (left > 0) * eligible).sum())
 
-    def nothing_eligible(self, span: int, what: object, batch_size: int) -> Exception:
+    def nothing_eligible(
+        self, span: int, what: object, batch_size: int, extra: int = 0
+    ) -> Exception:
         """The error for a draw of ``span`` from a non-empty table with zero mass.
 
         ``what`` names the argument that set the span (``"length"``, ...).
         """
-        table = self.table
-        longest = int(table.length[table.stored_rows()].max())
+        slots, owners = self.table.stored_slots(), self.table.owners()
+        stored = owners.total[slots] - owners.first_stored[slots]
+        longest = int(stored.max())
         if longest < span:
             return must(str(what), f"<= the longest stored episode ({longest} steps)", span)
-        return self.reuse_limit_error(span, batch_size)
+        if not bool((episode_anchors(owners, slots, span, extra) > 0).any()):
+            return must_have(
+                str(what),
+                f"a span that open episodes' committed steps hold ({span + extra} steps "
+                "with the bootstrap records)",
+                f"{int(stored.max())} committed steps at most",
+            )
+        return self.reuse_limit_error(span, batch_size, extra)
 
-    def reuse_limit_error(self, span: int, batch_size: int) -> ReuseLimitError:
+    def reuse_limit_error(self, span: int, batch_size: int, extra: int = 0) -> ReuseLimitError:
         """The error for asking ``batch_size`` draws of ``span`` beyond the reuse limit."""
         return ReuseLimitError(
             f"batch_size must be <= the draws left under max_times_sampled="
-            f"{self.reuse_limit} for the eligible episodes ({self.draws_left(span)}), "
+            f"{self.reuse_limit} for the eligible episodes ({self.draws_left(span, extra)}), "
             f"got {batch_size}"
         )
 
 
-def _count_draws(times_sampled: Array, rows: Array) -> None:
-    """``times_sampled[rows] += 1``, a repeated row counted once per draw."""
-    if engine.compiled(rows):
-        count_draws_loop(times_sampled, rows)  # np.add.at costs ~10 us for 256 rows
+def _count_draws(times: Array, slots: Array) -> None:
+    """``times[slots] += 1``, a repeated slot counted once per draw."""
+    if engine.compiled(slots):
+        count_draws_loop(times, slots)  # np.add.at costs ~10 us for 256 rows
     else:
-        engine.add_at(times_sampled, rows, 1)
+        engine.add_at(times, slots, 1)
 
 
 def draw_rows(
-    cached: sum_tree.CachedTree, lengths: Array, uniforms: Array, span: int
+    cached: sum_tree.CachedTree, table: EpisodeTable, uniforms: Array, need: tuple[int, int]
 ) -> tuple[Array, Array]:
     """Rows by leaf mass and a uniform eligible step in each: the draw (`engine` arrays).
 
     Row ``i`` is the leaf of target ``uniforms[i, 0] * total`` of the tree ``cached``; its
-    step is ``min(int(uniforms[i, 1] * anchors), anchors - 1)`` for the ``anchors`` eligible
-    ones of its episode (``lengths[row]`` steps, a learning region of ``span``).
+    step is its first step plus ``min(int(uniforms[i, 1] * anchors), anchors - 1)`` for the
+    ``anchors`` eligible ones it holds (`anchors_in_rows` of ``need = (span, extra)``).
+    Steps are episode steps.
     """
+    lengths, owners = table.arrays["length"], table.owners()
     if engine.compiled(uniforms):  # the same arithmetic, one compiled call
-        return draw_rows_loop(cached.array, cached.levels, uniforms, lengths, span)
+        return draw_rows_loop(cached.array, cached.levels, uniforms, lengths, *need, *owners)
     tree = cached.nodes
     rows = sum_tree.search(tree, uniforms[:, 0] * engine.view(sum_tree.total(tree)))
-    anchors = eligible_anchors(lengths[rows], span)
+    anchors = anchors_in_rows(owners, lengths, rows, *need)
     steps = engine.minimum(engine.cast(uniforms[:, 1] * anchors, torch.int64), anchors - 1)
-    return rows, steps
+    return rows, owners.first_step[rows] + steps
 
 
 @engine.jit
 def draw_rows_loop(
-    tree: np.ndarray, levels: int, uniforms: np.ndarray, lengths: np.ndarray, span: int
+    tree: np.ndarray,
+    levels: int,
+    uniforms: np.ndarray,
+    lengths: np.ndarray,
+    span: int,
+    extra: int,
+    slot: np.ndarray,
+    first_step: np.ndarray,
+    total: np.ndarray,
+    opened: np.ndarray,
+    first_stored: np.ndarray,
+    times: np.ndarray,
+    terminated: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`draw_rows`, compiled (the same float64 operations in the same order)."""
     rows = sum_tree.descend_loop(tree, uniforms[:, 0] * tree[1], levels)
     steps = np.empty(rows.shape[0], dtype=np.int64)
     for i in range(rows.shape[0]):
-        anchors = max(lengths[rows[i]] - (span - 1), 0)
-        steps[i] = min(np.int64(uniforms[i, 1] * anchors), anchors - 1)
+        row = rows[i]
+        owner = slot[row]
+        need = span + extra * opened[owner]
+        anchors = min(max(total[owner] - first_step[row] - (need - 1), 0), lengths[row])
+        steps[i] = first_step[row] + min(np.int64(uniforms[i, 1] * anchors), anchors - 1)
     return rows, steps
 
 
 @engine.jit
-def count_draws_loop(times: np.ndarray, rows: np.ndarray) -> None:
-    """`_count_draws`, compiled: ``times[rows] += 1``, a repeated row once per occurrence."""
-    for i in range(rows.shape[0]):
-        times[rows[i]] += 1
+def count_draws_loop(times: np.ndarray, slots: np.ndarray) -> None:
+    """`_count_draws`, compiled: ``times[slots] += 1``, a repeated slot once per occurrence."""
+    for i in range(slots.shape[0]):
+        times[slots[i]] += 1
 
 
 @engine.jit
@@ -309,21 +373,44 @@ def draw_loop(
     uniforms: np.ndarray,
     lengths: np.ndarray,
     span: int,
-    times: np.ndarray,
+    extra: int,
     episode_id: np.ndarray,
     priority: np.ndarray,
+    slot: np.ndarray,
+    first_step: np.ndarray,
+    total: np.ndarray,
+    opened: np.ndarray,
+    first_stored: np.ndarray,
+    times: np.ndarray,
+    terminated: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`AnchorSampler._draw_from` without a reuse limit, compiled: draw, count, look up.
 
-    Returns the rows, steps, episode ids and (if ``priority`` has rows: a prioritized draw)
-    priorities of the draws.
+    ``episode_id`` is by directory slot, ``priority`` by row; the arrays after it are the
+    table's `Owners`. Returns the rows, episode steps, episode ids and (if ``priority``
+    has rows: a prioritized draw) priorities of the draws.
     """
-    rows, steps = draw_rows_loop(tree, levels, uniforms, lengths, span)
-    count_draws_loop(times, rows)
+    rows, steps = draw_rows_loop(
+        tree,
+        levels,
+        uniforms,
+        lengths,
+        span,
+        extra,
+        slot,
+        first_step,
+        total,
+        opened,
+        first_stored,
+        times,
+        terminated,
+    )
     ids = np.empty(rows.shape[0], dtype=np.int64)
     drawn = np.empty(rows.shape[0] if priority.shape[0] else 0, dtype=np.float64)
     for i in range(rows.shape[0]):
-        ids[i] = episode_id[rows[i]]
+        owner = slot[rows[i]]
+        times[owner] += 1
+        ids[i] = episode_id[owner]
         if drawn.shape[0]:
             drawn[i] = priority[rows[i]]
     return rows, steps, ids, drawn

@@ -21,6 +21,7 @@ from lucid_replay.errors import UnknownEpisodeError, must, wrong_kind, wrong_typ
 from lucid_replay.records import Anchors
 from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
+from lucid_replay.segments import Segments
 from lucid_replay.table import EpisodeTable
 
 if TYPE_CHECKING:
@@ -57,6 +58,10 @@ class EpisodeStore:
         device: torch.device,
         reuse_limit: int | None,
         declared: Schema | None = None,
+        *,
+        segment_length: int | None = None,
+        priority_unit: str = "episode",
+        unit: str = "chunk",
     ) -> None:
         self.capacity = capacity
         self.reuse_limit = reuse_limit
@@ -64,7 +69,10 @@ class EpisodeStore:
         self.schema = declared
         self.declared = declared is not None  # a declared schema casts same-kind dtypes
         self.ring = TransitionRing(capacity, device)
-        self.table = EpisodeTable(device)
+        self.table = EpisodeTable(device, segmented=segment_length is not None)
+        self.segments = (
+            None if segment_length is None else Segments(self, segment_length, priority_unit, unit)
+        )
         self.counts = dict.fromkeys(COUNTS, 0)
         # An int on CPU; on a device a 0-d tensor, so that eviction never waits for the device.
         self.evicted_unsampled: int | torch.Tensor = 0
@@ -84,14 +92,24 @@ class EpisodeStore:
             schema.check_casts(episode.steps)  # a cast must not change a value
         return schema
 
-    def add(self, episode: Episode, schema: Schema, priority: float) -> int:
-        """Store a copy of a checked ``episode`` (see `checked_schema`); return its id."""
+    def fix_schema(self, schema: Schema) -> None:
+        """Allocate the ring for ``schema`` on the first store (all or nothing)."""
         if not self.ring.fields:
             self.ring.allocate(schema)  # all or nothing: a failure fixes no schema
             self.schema = schema
+
+    def add(self, episode: Episode, schema: Schema, priority: Callable[[], float]) -> int:
+        """Store a copy of a checked ``episode`` (see `checked_schema`); return its id.
+
+        ``priority()`` is the largest priority ever set (what a new episode or segment gets).
+        On a segmented store the episode is opened, committed in segments and closed.
+        """
+        self.fix_schema(schema)
         if episode.schema != schema:  # a declared schema's same-kind casts
             cast = {name: t.to(schema[name][1]) for name, t in episode.steps.items()}
             episode = Episode(cast, terminated=episode.terminated)
+        if self.segments is not None:
+            return self.segments.add(episode, priority)
         table, length = self.table, len(episode)
         to_evict = table.count_to_evict(self.capacity, length)
         if to_evict:
@@ -99,15 +117,17 @@ class EpisodeStore:
             self.reclaim_retired()  # a retired episode may have just become the oldest
         # Data first: if the copy fails, no table row claims the slots it was writing.
         self.ring.write(table.next_offset, episode.steps, host_views(episode))
-        episode_id, row, _ = table.append(length, episode.terminated, priority)
+        episode_id, row, _ = table.append(length, episode.terminated, priority())
         self.on_change(row)
         self.counts["episodes_added"] += 1
         self.counts["transitions_added"] += length
         return episode_id
 
     def evict(self, count: int) -> None:
-        """Drop the ``count`` oldest episodes."""
+        """Drop the ``count`` oldest episodes (segments, on a segmented store)."""
         rows, transitions, unsampled = self.table.evict_oldest(count)
+        if self.segments is not None:  # episodes leave with their last stored segment
+            count, unsampled = self.segments.evicted(rows)
         self.evicted_unsampled = self.evicted_unsampled + unsampled
         self.on_change(rows)
         self.counts["episodes_evicted"] += count
@@ -125,7 +145,9 @@ class EpisodeStore:
             ids = torch.arange(
                 table.first_id, min(table.first_id + 64, table.next_id), device=table.device
             )
-            retired = table.times_sampled[table.rows_of(ids)] >= limit
+            owners = table.owners()
+            slots = engine.tensor(owners.slot)[table.rows_of(ids)]
+            retired = engine.tensor(owners.times)[slots] >= limit
             leading = int(retired.int().cumprod(dim=0).sum())
             if leading:
                 self.evict(leading)
@@ -148,6 +170,9 @@ class EpisodeStore:
     # --------------------------------------------------------------------------- lookups
     def stored_id(self, episode_id: object) -> int:
         """``episode_id`` as an int if it is stored; `UnknownEpisodeError` otherwise."""
+        if self.segments is not None:
+            self.segments.live_slot(episode_id, stored=True)
+            return operator.index(episode_id)  # type: ignore[arg-type]
         if isinstance(episode_id, bool):
             raise wrong_type("episode_id", "an int", episode_id)
         try:
@@ -164,7 +189,15 @@ class EpisodeStore:
         return number
 
     def episode(self, episode_id: int) -> Episode:
-        """A copy of stored episode ``episode_id`` (checked by `stored_id`)."""
+        """A copy of stored episode ``episode_id`` (checked by `stored_id`).
+
+        On a segmented store: its stored steps (``terminated`` only once it is closed).
+        """
+        if self.segments is not None:
+            slot = self.segments.live_slot(episode_id, stored=True)
+            directory = self.segments.directory
+            ended = bool(directory.host["terminated"][slot]) and not directory.get("opened", slot)
+            return Episode(self.segments.episode_steps(slot), terminated=ended)
         start, length = self.table.episode_range(episode_id)
         terminated = bool(self.table.terminated[self.table.row_of(episode_id)])
         return Episode(self.ring.read(start, length), terminated=terminated)
@@ -174,6 +207,8 @@ class EpisodeStore:
 
         Refuses ids that are not stored and steps outside their episode.
         """
+        if self.segments is not None:
+            return self.segments.anchors(episode_ids, anchor_steps)
         device = self.table.device
         ids = as_vector("episode_ids", episode_ids, torch.int64, device).clone()  # owned
         steps = as_vector("anchor_steps", anchor_steps, torch.int64, device).clone()
@@ -213,6 +248,8 @@ class EpisodeStore:
         self.schema.check_values(name, values, tuple(mask.shape))
         device, table = self.table.device, self.table
         ids, steps = ids.to(device), steps.to(device)
+        if self.segments is not None:
+            return self.segments.write_records(name, ids, steps, mask.to(device), values)
         write = mask.to(device) & table.is_stored(ids)
         rows, kept_steps = engine.view(table.rows_of(ids[write])), engine.view(steps[write])
         offsets = engine.tensor(table.offsets(rows, kept_steps))

@@ -12,17 +12,39 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from lucid_replay import engine
+from lucid_replay.directory import EpisodeDirectory
 from lucid_replay.engine import Array
+from lucid_replay.segment_checks import SEGMENT_COLUMNS, checked_directory
 from lucid_replay.table_checks import checked_table_state
 
 __all__: list[str] = []  # internal module
 
 _INITIAL_TABLE_SLOTS = 1024
+
+
+class Owners(NamedTuple):
+    """Which episode each row belongs to, and that episode's extent (`engine` arrays).
+
+    ``slot`` and ``first_step`` are by row (the episode's directory slot, and the episode
+    step of the row's first step); the others by slot: ``total`` steps committed since step
+    0, whether the episode is still ``opened``, its ``first_stored`` step, its draw count
+    (``times``) and whether it ``terminated``. A row's steps are ``first_step ..
+    first_step + length - 1``; its episode's stored steps ``first_stored .. total - 1``.
+    """
+
+    slot: Array
+    first_step: Array
+    total: Array
+    opened: Array
+    first_stored: Array
+    times: Array
+    terminated: Array
 
 
 class EpisodeTable:
@@ -39,8 +61,11 @@ class EpisodeTable:
     (see `lucid_replay.engine`).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, segmented: bool = False) -> None:
         self.device = device
+        # Rows are segments (keyed by segment id) with a directory of their episodes, or
+        # whole episodes (keyed by episode id, each its own directory entry).
+        self.directory = EpisodeDirectory(device) if segmented else None
         self.first_id = 0
         self.next_id = 0
         self.oldest_offset = 0
@@ -56,6 +81,7 @@ class EpisodeTable:
         *,
         device: torch.device,
         capacity: int,
+        episodes: object = None,
     ) -> EpisodeTable:
         """A table rebuilt from saved ``columns`` and id/offset ``ranges`` (see `columns`).
 
@@ -65,13 +91,23 @@ class EpisodeTable:
         without gaps or overlaps; no other row claiming a stored id; at most ``capacity``
         transitions; finite positive priorities; non-negative draw counts.
 
+        ``episodes``: the directory state of a segmented table (`EpisodeDirectory.state`),
+        whose links with the segment rows are checked too (`segment_checks`).
+
         Raises
         ------
         CheckpointError
             Naming the first broken invariant.
         """
-        saved, bounds = checked_table_state(columns, ranges, capacity)
-        table = cls(device)  # nothing below can fail: adopt the checked state
+        segmented = episodes is not None
+        extra = SEGMENT_COLUMNS if segmented else None
+        saved, bounds = checked_table_state(columns, ranges, capacity, extra)
+        directory = None
+        if segmented:
+            rows, issued, token = checked_directory(episodes, saved, bounds)
+            directory = EpisodeDirectory.from_rows(rows, issued, token, device)
+        table = cls(device, segmented=segmented)  # nothing below can fail: adopt
+        table.directory = directory
         table._allocate(int(saved["episode_id"].shape[0]))
         for name, column in table.columns.items():
             column.copy_(saved[name])
@@ -96,6 +132,12 @@ class EpisodeTable:
         self.terminated = column(torch.bool, False)
         self.times_sampled = column(torch.int64, 0)
         self.priority = column(torch.float64, 1.0)
+        if self.directory is not None:
+            self.first_step = column(torch.int64, 0)  # the segment's first episode step
+            self.slot = column(torch.int64, -1)  # its episode's directory slot
+            self.prev_key = column(torch.int64, -1)  # the episode's previous segment id
+            self.next_key = column(torch.int64, -1)  # and next one (-1: none yet)
+            self.base = column(torch.int64, 0)  # start - first_step: offset of step 0
         # The columns as the index arithmetic reads them (see `engine`): numpy views
         # of the same memory on CPU, where a scalar write also costs ~0.1 us instead of ~2 us.
         self.arrays = {name: engine.view(column) for name, column in self.columns.items()}
@@ -103,6 +145,18 @@ class EpisodeTable:
             self.host_start, self.host_length = self.arrays["start"], self.arrays["length"]
         else:
             self.host_start, self.host_length = self.start.cpu().numpy(), self.length.cpu().numpy()
+        if self.directory is None:  # an episode starts at its step 0, at its own row
+            self.arrays["base"] = self.arrays["start"]
+            identity = torch.arange(slots, device=self.device)
+            self._whole = Owners(
+                slot=engine.view(identity),
+                first_step=engine.view(torch.zeros_like(identity)),
+                total=self.arrays["length"],
+                opened=engine.view(torch.zeros(slots, dtype=torch.bool, device=self.device)),
+                first_stored=engine.view(torch.zeros_like(identity)),
+                times=self.arrays["times_sampled"],
+                terminated=self.arrays["terminated"],
+            )
 
     @property
     def columns(self) -> dict[str, torch.Tensor]:
@@ -114,16 +168,72 @@ class EpisodeTable:
             "terminated": self.terminated,
             "times_sampled": self.times_sampled,
             "priority": self.priority,
+            **(
+                {}
+                if self.directory is None
+                else {
+                    "first_step": self.first_step,
+                    "slot": self.slot,
+                    "prev_key": self.prev_key,
+                    "next_key": self.next_key,
+                    "base": self.base,
+                }
+            ),
         }
+
+    @property
+    def segmented(self) -> bool:
+        """Whether rows are segments of episodes (a buffer with ``segment_length``)."""
+        return self.directory is not None
+
+    def saved_columns(self) -> tuple[dict[str, torch.Tensor], dict[str, object] | None]:
+        """CPU copies of the columns, and the directory state of a segmented table.
+
+        Directory rows are saved in id order, a row's index its slot once loaded: the
+        segments' ``slot`` column is renumbered to match.
+        """
+        columns = {name: column.cpu().clone() for name, column in self.columns.items()}
+        if self.directory is None:
+            return columns, None
+        state = self.directory.state()
+        renumber = torch.full((self.directory.slot_count,), -1, dtype=torch.int64)
+        live = torch.from_numpy(self.directory.live_slots().copy())
+        renumber[live] = torch.arange(live.numel())
+        stored = self.stored_rows().cpu()
+        slots = torch.full_like(columns["slot"], -1)
+        slots[stored] = renumber[columns["slot"][stored]]
+        columns["slot"] = slots
+        return columns, state
+
+    def owners(self) -> Owners:
+        """The arrays that say which episode a row belongs to and where that episode ends.
+
+        For whole episodes each row is its own episode (identity slots, step 0 first).
+        """
+        directory = self.directory
+        if directory is None:
+            return self._whole
+        column = directory.arrays
+        return Owners(
+            slot=self.arrays["slot"],
+            first_step=self.arrays["first_step"],
+            total=column["total"],
+            opened=column["opened"],
+            first_stored=column["first_stored"],
+            times=column["times"],
+            terminated=column["terminated"],
+        )
 
     def offsets(self, rows: Array, steps: Array) -> Array:
         """Global offsets of step ``steps`` of the episodes in table ``rows`` (broadcast).
 
-        The one place that turns ``(row, step)`` into an offset: ``start[row] + step``.
-        ``rows`` and ``steps`` are `engine` arrays (or ints); a step may lie outside its
-        episode (a window's target before clamping). O(n), no checks.
+        The one place that turns ``(row, step)`` into an offset: ``base[row] + step``, where
+        ``base`` is the offset step 0 of the row's episode would have if the episode were
+        stored contiguously (``start`` for whole episodes; ``start - first_step`` for a
+        segment). ``rows`` and ``steps`` are `engine` arrays (or ints); a step may lie
+        outside its row (a window's target before clamping). O(n), no checks.
         """
-        return self.arrays["start"][rows] + steps
+        return self.arrays["base"][rows] + steps
 
     def rows_of(self, episode_ids: Array) -> Array:
         """Row of each stored id (meaningful only for ids in ``[first_id, next_id)``)."""
@@ -180,6 +290,36 @@ class EpisodeTable:
         rows: torch.Tensor = self.rows_of(ids)
         return rows
 
+    def stored_slots(self) -> Array:
+        """Directory slots of the episodes with a stored step (whole episodes: their rows)."""
+        if self.directory is None:
+            return engine.view(self.stored_rows())
+        directory = self.directory
+        slots = directory.live_slots()
+        slots = slots[directory.host["num_segments"][slots] > 0]
+        return engine.view(torch.from_numpy(slots).to(self.device))
+
+    def segment_rows(self, slots: Array) -> torch.Tensor:
+        """Rows of every stored segment of the episodes in directory ``slots``.
+
+        A tensor (whole episodes: the slots themselves). O(segments), hop by hop along each
+        episode's chain, all episodes at once.
+        """
+        if self.directory is None:
+            return engine.tensor(slots)
+        keys = engine.tensor(self.directory.arrays["first_key"])[engine.tensor(slots)]
+        next_key = engine.tensor(self.arrays["next_key"])
+        found: list[torch.Tensor] = []
+        keys = keys[keys >= self.first_id]
+        while keys.numel():
+            rows = keys & (self.row_count - 1)
+            found.append(rows)
+            keys = next_key[rows]
+            keys = keys[keys >= self.first_id]
+        if not found:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        return torch.cat(found)
+
     # ------------------------------------------------------------------------- mutation
     def append(self, length: int, terminated: bool, priority: float) -> tuple[int, int, int]:
         """Record a new episode of ``length`` steps at ``next_offset``; return (id, row, start).
@@ -202,6 +342,25 @@ class EpisodeTable:
         self.next_id += 1
         self.next_offset += length
         return episode_id, row, start
+
+    def append_segment(
+        self, slot: int, first_step: int, length: int, priority: float, previous: int
+    ) -> tuple[int, int]:
+        """Record a new segment of the episode in ``slot``; return ``(segment id, row)``.
+
+        ``previous`` is the episode's newest segment id before this one (-1: none); its
+        ``next_key`` now points here if it is still stored.
+        """
+        key, row, start = self.append(length, False, priority)
+        column = self.arrays
+        column["first_step"][row] = first_step
+        column["slot"][row] = slot
+        column["prev_key"][row] = previous
+        column["next_key"][row] = -1
+        column["base"][row] = start - first_step
+        if previous >= self.first_id:
+            column["next_key"][self.row_of(previous)] = key
+        return key, row
 
     def count_to_evict(self, capacity: int, incoming: int) -> int:
         """How many oldest episodes must go so that ``incoming`` more transitions fit.

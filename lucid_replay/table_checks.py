@@ -29,18 +29,22 @@ _RANGES = ("first_id", "next_id", "oldest_offset", "next_offset", "generation")
 
 
 def checked_table_state(
-    columns: Mapping[str, object], ranges: Mapping[str, object], capacity: int
+    columns: Mapping[str, object],
+    ranges: Mapping[str, object],
+    capacity: int,
+    extra_columns: Mapping[str, torch.dtype] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     """A saved table's ``columns`` (on CPU) and id/offset ``ranges``, every invariant checked.
 
-    The invariants are listed on `EpisodeTable.from_columns`.
+    The invariants are listed on `EpisodeTable.from_columns`. ``extra_columns``: the
+    further columns of a segmented table (checked by `lucid_replay.segment_checks`).
 
     Raises
     ------
     CheckpointError
         Naming the first broken invariant.
     """
-    saved = _checked_columns(columns)
+    saved = _checked_columns(columns, {**_COLUMN_DTYPES, **(extra_columns or {})})
     rows = int(saved["episode_id"].shape[0])
     if rows < 1 or rows & (rows - 1):
         raise CheckpointError(f"checkpoint table rows must be a power of two >= 1, got {rows}")
@@ -80,15 +84,13 @@ def checked_table_state(
     return saved, bounds
 
 
-def _checked_columns(columns: object) -> dict[str, torch.Tensor]:
+def _checked_columns(columns: object, dtypes: Mapping[str, torch.dtype]) -> dict[str, torch.Tensor]:
     """The saved columns on CPU, each a 1-d tensor of its exact dtype, all of one length."""
-    if not isinstance(columns, Mapping) or set(columns) != set(_COLUMN_DTYPES):
+    if not isinstance(columns, Mapping) or set(columns) != set(dtypes):
         got = sorted(columns) if isinstance(columns, Mapping) else type(columns).__name__
-        raise CheckpointError(
-            f"checkpoint table columns must be {sorted(_COLUMN_DTYPES)}, got {got}"
-        )
+        raise CheckpointError(f"checkpoint table columns must be {sorted(dtypes)}, got {got}")
     saved = {}
-    for name, dtype in _COLUMN_DTYPES.items():
+    for name, dtype in dtypes.items():
         column = columns[name]
         if not isinstance(column, torch.Tensor) or column.dtype != dtype or column.dim() != 1:
             got = (

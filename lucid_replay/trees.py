@@ -30,7 +30,7 @@ import torch
 
 from lucid_replay import engine, sum_tree
 from lucid_replay.engine import Array
-from lucid_replay.table import EpisodeTable
+from lucid_replay.table import EpisodeTable, Owners
 
 __all__: list[str] = []  # internal module
 
@@ -43,6 +43,29 @@ def eligible_anchors(lengths: Array, span: int) -> Array:
     """Number of anchors whose ``span``-step learning region fits in an episode, elementwise."""
     anchors = lengths - (span - 1)
     return anchors * (anchors > 0)  # max(anchors, 0) as numpy and torch both spell it
+
+
+def anchors_in_rows(owners: Owners, lengths: Array, rows: Array, span: int, extra: int) -> Array:
+    """Eligible anchors held by table ``rows``: the leaf law's ``n`` for one row.
+
+    An anchor at episode step ``t`` needs ``span`` steps from ``t`` to its episode's last
+    step, ``span + extra`` in an open episode (whose last committed step is no end: the
+    bootstrap records must be committed too). A row holding steps ``a .. a + n - 1`` of an
+    episode that committed ``total`` steps holds ``clip(total - a - need + 1, 0, n)`` of
+    them; for a whole episode (``a = 0``, ``total = n``, never open) that is
+    ``eligible_anchors(n, span)``.
+    """
+    slots = owners.slot[rows]
+    need = span + extra * owners.opened[slots]
+    anchors = owners.total[slots] - owners.first_step[rows] - (need - 1)
+    return engine.minimum(anchors * (anchors > 0), lengths[rows])
+
+
+def episode_anchors(owners: Owners, slots: Array, span: int, extra: int) -> Array:
+    """Eligible anchors of the episodes in directory ``slots`` (over all their stored rows)."""
+    need = span + extra * owners.opened[slots]
+    anchors = owners.total[slots] - owners.first_stored[slots] - (need - 1)
+    return anchors * (anchors > 0)
 
 
 class Trees:
@@ -62,7 +85,7 @@ class Trees:
         self.table = table
         self.unit = unit
         self.reuse_limit = reuse_limit
-        self._trees: OrderedDict[tuple[int, float | None], sum_tree.CachedTree] = OrderedDict()
+        self._trees: OrderedDict[tuple[int, int, float | None], sum_tree.CachedTree] = OrderedDict()
         self._generation = table.generation
 
     # ------------------------------------------------------------------------ the cache
@@ -73,7 +96,7 @@ class Trees:
 
     def mark_priorities_dirty(self, rows: torch.Tensor) -> None:
         """Note that only the priorities of ``rows`` changed (uniform trees stay exact)."""
-        for (_, alpha), tree in self._trees.items():
+        for (_, _, alpha), tree in self._trees.items():
             if alpha is not None:
                 tree.note(rows, self.table.row_count)
 
@@ -91,73 +114,82 @@ class Trees:
         self._trees.clear()
         self._generation = self.table.generation
 
-    def tree(self, span: int, alpha: float | None) -> torch.Tensor:
+    def tree(self, span: int, alpha: float | None, extra: int = 0) -> torch.Tensor:
         """The up-to-date tree for ``(span, alpha)`` (``None``: uniform), built on first use."""
-        return self.cached(span, alpha).nodes
+        return self.cached(span, alpha, extra).nodes
 
-    def cached(self, span: int, alpha: float | None) -> sum_tree.CachedTree:
+    def max_need(self) -> int:
+        """The most steps any cached tree's anchors need after them (0 without trees)."""
+        return max((span + extra for span, extra, _ in self._trees), default=0)
+
+    def cached(self, span: int, alpha: float | None, extra: int = 0) -> sum_tree.CachedTree:
         """The up-to-date `CachedTree` for ``(span, alpha)``.
 
         Each tree refreshes only its own pending rows, and only when it is used, so adds and
         updates cost nothing for trees a training loop is not drawing from right now.
+        ``extra``: the further steps an anchor of an *open* episode needs (see
+        `anchors_in_rows`); ignored, and taken as 0, on a table of whole episodes.
         """
         if self._generation != self.table.generation:
             self.invalidate()
-        key = (span, alpha)
+        extra = extra if self.table.segmented else 0
+        key = (span, extra, alpha)
         cached = self._trees.get(key)
         if cached is not None and cached.pending and not cached.stale:
-            total = self._refresh(cached, span, alpha)
+            total = self._refresh(cached, span, extra, alpha)
             low, high = _TOTAL_RANGE
             if alpha is not None and not low <= total <= high:
                 cached.stale = True  # priorities moved far from the scale: rescale
         if cached is None or cached.stale:
-            cached = self._build(span, alpha)
+            cached = self._build(span, extra, alpha)
             self._trees[key] = cached
             if len(self._trees) > _MAX_TREES:
                 self._trees.popitem(last=False)
         self._trees.move_to_end(key)
         return cached
 
-    def mass(self, span: int, alpha: float | None) -> float:
+    def mass(self, span: int, alpha: float | None, extra: int = 0) -> float:
         """Total leaf mass for ``(span, alpha)`` at its tree's scale; zero: nothing eligible.
 
         For the uniform tree (``alpha=None``) this is the number of eligible anchors
         (``unit="chunk"``) or episodes (``unit="episode"``), O(1) amortised.
         """
-        return self.cached(span, alpha).total()
+        return self.cached(span, alpha, extra).total()
 
-    def log_mass(self, span: int, alpha: float | None) -> float:
+    def log_mass(self, span: int, alpha: float | None, extra: int = 0) -> float:
         """``log`` of the unscaled total mass (``-inf`` when nothing is eligible).
 
         Masses of several tables with the same ``alpha`` compare in this form whatever their
         trees' scales: ``log sum_e n_e p_e^alpha`` for chunks.
         """
-        cached = self.cached(span, alpha)
+        cached = self.cached(span, alpha, extra)
         total = cached.total()
         if total <= 0:
             return -math.inf
         return math.log(total) + (0.0 if alpha is None else alpha * math.log(cached.scale))
 
-    def _build(self, span: int, alpha: float | None) -> sum_tree.CachedTree:
+    def _build(self, span: int, extra: int, alpha: float | None) -> sum_tree.CachedTree:
         """A tree over every row, scaled by the largest eligible priority (O(E))."""
         rows = engine.view(torch.arange(self.table.row_count, device=self.table.device))
         scale = 1.0
         if alpha is not None:
-            eligible = self.leaf_values(rows, span, None, 1.0) > 0
+            eligible = self.leaf_values(rows, span, None, 1.0, extra) > 0
             if bool(eligible.any()):
                 scale = float(self.table.arrays["priority"][rows][eligible].max())
-        leaves = engine.tensor(self.leaf_values(rows, span, alpha, scale))
+        leaves = engine.tensor(self.leaf_values(rows, span, alpha, scale, extra))
         return sum_tree.CachedTree(sum_tree.build(leaves), scale)
 
     # ------------------------------------------------------------------- the leaf law
-    def _refresh(self, cached: sum_tree.CachedTree, span: int, alpha: float | None) -> float:
+    def _refresh(
+        self, cached: sum_tree.CachedTree, span: int, extra: int, alpha: float | None
+    ) -> float:
         """Recompute the leaves of ``cached``'s pending rows (O(k log E)); return its total."""
         rows = cached.take_pending(self.table.device)
         if not engine.compiled(rows):
-            leaves = self.leaf_values(rows, span, alpha, cached.scale)
+            leaves = self.leaf_values(rows, span, alpha, cached.scale, extra)
             sum_tree.assign_leaves(cached.nodes, rows, leaves)
             return cached.total()
-        table, column = self.table, self.table.arrays
+        table, column, owners = self.table, self.table.arrays, self.table.owners()
         return float(
             refresh_leaves_loop(
                 cached.array,
@@ -165,28 +197,39 @@ class Trees:
                 rows,
                 column["episode_id"],
                 column["length"],
-                column["times_sampled"],
                 table.first_id,
                 table.next_id,
                 -1 if self.reuse_limit is None else self.reuse_limit,
                 span,
+                extra,
                 self.unit == "chunk",
                 UNIFORM_TREE if alpha is None else self._powered(rows, alpha, cached.scale),
+                *owners,
             )
         )
 
-    def leaf_values(self, rows: Array, span: int, alpha: float | None, scale: float) -> Array:
-        """The leaf mass of table ``rows`` in the tree for ``(span, alpha)`` at ``scale``.
+    def leaf_values(
+        self, rows: Array, span: int, alpha: float | None, scale: float, extra: int = 0
+    ) -> Array:
+        """The leaf mass of table ``rows`` in the tree for ``(span, extra, alpha)`` at ``scale``.
 
         ``rows`` and the result are `engine` arrays; the mass is an integer, bool or float64
         array, exact when stored in the float64 tree.
         """
-        column = self.table.arrays
+        column, owners = self.table.arrays, self.table.owners()
+        slots = owners.slot[rows]
         live = self.table.is_stored(column["episode_id"][rows])
         if self.reuse_limit is not None:
-            live = live & (column["times_sampled"][rows] < self.reuse_limit)
-        count = eligible_anchors(column["length"][rows], span)
-        mass = count if self.unit == "chunk" else count > 0
+            live = live & (owners.times[slots] < self.reuse_limit)
+        count = anchors_in_rows(owners, column["length"], rows, span, extra)
+        if self.unit == "chunk":
+            mass = count
+        elif not self.table.segmented:
+            mass = count > 0
+        else:  # an episode's rows share its unit mass in proportion to their anchors
+            in_episode = episode_anchors(owners, slots, span, extra)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                mass = engine.where(count > 0, count / (in_episode + (in_episode == 0)), 0.0)
         if alpha is None:
             return mass * live
         # An overflow to inf makes `cached` rescale; rows that are not drawable (dead, or
@@ -206,38 +249,58 @@ def refresh_leaves_loop(
     tree: np.ndarray,
     levels: int,
     rows: np.ndarray,
-    episode_id: np.ndarray,
+    key: np.ndarray,
     length: np.ndarray,
-    times_sampled: np.ndarray,
-    first_id: int,
-    next_id: int,
+    first_key: int,
+    next_key: int,
     reuse_limit: int,
     span: int,
+    extra: int,
     per_anchor: bool,
     powered: np.ndarray,
+    slot: np.ndarray,
+    first_step: np.ndarray,
+    total: np.ndarray,
+    opened: np.ndarray,
+    first_stored: np.ndarray,
+    times: np.ndarray,
+    terminated: np.ndarray,
 ) -> float:
     """`Trees.leaf_values` of ``rows`` into their leaves, compiled; returns the new total.
 
     The leaves' ancestors are recomputed as `sum_tree.refresh` does. A row is live when its
-    episode id is in ``[first_id, next_id)`` and, with a ``reuse_limit`` (``-1``: none), it
-    was drawn fewer times than that. Its mass is its count of eligible anchors for ``span``
-    (``per_anchor``) or 1 if it has any; a live row gets its mass, a dead one 0. For a
-    prioritized tree, ``powered[i]`` is ``(p / scale) ** alpha`` of ``rows[i]`` (computed by
-    the caller with numpy, whose power this does not reproduce), and a live row with an
-    eligible anchor gets ``mass * powered[i]``; ``powered`` is empty for a uniform tree.
+    key (episode or segment id) is in ``[first_key, next_key)`` and, with a ``reuse_limit``
+    (``-1``: none), its episode was drawn fewer times than that. Its mass is its count of
+    eligible anchors (`anchors_in_rows`; the arrays after ``powered`` are the table's
+    `Owners`) (``per_anchor``), else its share of its episode's unit mass: 1 if it has an
+    anchor for a whole episode, ``count / episode count`` for a segment. A live row gets
+    its mass, a dead one 0. For a prioritized tree, ``powered[i]`` is ``(p / scale) **
+    alpha`` of ``rows[i]`` (computed by the caller with numpy, whose power this does not
+    reproduce), and a live row with an eligible anchor gets ``mass * powered[i]``;
+    ``powered`` is empty for a uniform tree.
     """
     leaf0 = tree.shape[0] // 2
     weighted = powered.shape[0] > 0
     for i in range(rows.shape[0]):
         row = rows[i]
-        live = first_id <= episode_id[row] < next_id
-        live &= reuse_limit < 0 or times_sampled[row] < reuse_limit
-        anchors = max(length[row] - (span - 1), 0)
-        mass = np.float64(anchors if per_anchor else min(anchors, 1))
-        if not weighted:
-            tree[leaf0 + row] = mass if live else 0.0
+        owner = slot[row]
+        live = first_key <= key[row] < next_key  # a dead row's slot may be another's
+        live = live and (reuse_limit < 0 or times[owner] < reuse_limit)
+        if not live:
+            tree[leaf0 + row] = 0.0
+            continue
+        need = span + extra * opened[owner]
+        anchors = min(max(total[owner] - first_step[row] - (need - 1), 0), length[row])
+        if per_anchor:
+            mass = np.float64(anchors)
+        elif anchors > 0:  # x / x == 1 exactly: a whole episode's row has mass 1
+            mass = anchors / max(total[owner] - first_stored[owner] - (need - 1), 1)
         else:
-            tree[leaf0 + row] = mass * powered[i] if live and anchors > 0 else 0.0
+            mass = 0.0
+        if not weighted:
+            tree[leaf0 + row] = mass
+        else:
+            tree[leaf0 + row] = mass * powered[i] if anchors > 0 else 0.0
     for i in range(rows.shape[0]):
         sum_tree.recompute_ancestors(tree, leaf0 + rows[i], levels)
     return float(tree[1])

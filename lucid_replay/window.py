@@ -21,6 +21,7 @@ from lucid_replay.checks import check_int
 from lucid_replay.engine import Array
 from lucid_replay.errors import must, wrong_kind, wrong_type
 from lucid_replay.records import Anchors, RecordArrays, Records
+from lucid_replay.seams import expand_segments
 from lucid_replay.table import EpisodeTable
 
 __all__ = ["Window"]
@@ -133,6 +134,16 @@ class Window:
         return 1 if self.allow_partial else 1 + self.dilation * (self.length - 1)
 
     @property
+    def open_anchor_span(self) -> int:
+        """Steps an anchor needs after it in an *open* episode of a segmented buffer.
+
+        The learning region and the bootstrap records, ``1 + dilation * (length + bootstrap
+        - 1)``, also under ``allow_partial``: an open episode goes on, so its last committed
+        step is no end to pad or stop at.
+        """
+        return 1 + self.dilation * (self.length + self.bootstrap - 1)
+
+    @property
     def learning_mask(self) -> torch.Tensor:
         """Bool ``[W]``: True on the learning region's records."""
         record = torch.arange(self.size)
@@ -177,6 +188,10 @@ def expand(
     episodes (``include_reset``), whose records are computed apart (`Records.filled` says
     which happened).
     """
+    if table.segmented:
+        stop_span = window.dilation * (window.length + window.bootstrap - 1)
+        stop = stop_span if window.boundary == "stop" else None
+        return expand_segments(table, anchors, window.size, window.burn_in, window.dilation, stop)
     column, where = table.arrays, anchors.rows
     last = column["length"][where] - 1
     anchor = anchors.steps

@@ -169,9 +169,11 @@ _CACHED_CALL = textwrap.dedent(
     import torch
     tree = sum_tree.build(torch.tensor([1.0, 2.0, 0.0, 4.0], dtype=torch.float64)).numpy()
     uniforms = np.array([[0.1, 0.5], [0.9, 0.2]])
+    lengths, zeros = np.array([3, 5, 1, 9]), np.zeros(4, np.int64)
     rows, steps, ids, drawn = sampling.draw_loop(
-        tree, 2, uniforms, np.array([3, 5, 1, 9]), 1, np.zeros(4, np.int64),
-        np.arange(4), np.ones(4),
+        tree, 2, uniforms, lengths, 1, 0, np.arange(4), np.ones(4),
+        np.arange(4), zeros, lengths, np.zeros(4, np.bool_), zeros, zeros.copy(),
+        np.zeros(4, np.bool_),
     )
     stats = {name: getattr(module, name).stats for module, name in [
         (sampling, "draw_loop"), (sampling, "draw_rows_loop"), (sum_tree, "descend_loop")]}

@@ -133,7 +133,7 @@ class ReplayShard:
 
     def _counters(self) -> tuple[int, int, int]:
         stats = self.buffer.stats()
-        next_id = self.buffer.episode_ids.stop
+        next_id = self.buffer._next_episode_id
         return next_id, stats["transitions_added"], stats["transitions_evicted"]
 
     def _global(self, local: np.ndarray) -> np.ndarray:
@@ -217,7 +217,7 @@ class ReplayShard:
         Ids of episodes lost with an earlier incarnation, or evicted, are skipped.
         """
         _, incarnation, local = ids.decode(global_ids)
-        next_id = self.buffer.episode_ids.stop
+        next_id = self.buffer._next_episode_id
         live = ids.issued_by(incarnation, local, self.starts, next_id)
         with self.buffer._lock:
             table = self.buffer._core.store.table
@@ -235,7 +235,7 @@ class ReplayShard:
     ) -> int:
         """`SequenceReplay.write_back` of the records of this shard's live episodes."""
         shard, incarnation, local = ids.decode(global_ids)
-        next_id = self.buffer.episode_ids.stop
+        next_id = self.buffer._next_episode_id
         live = (
             mask & (shard == self.index) & ids.issued_by(incarnation, local, self.starts, next_id)
         )
@@ -265,14 +265,14 @@ class ReplayShard:
     def issued(self) -> tuple[int, int, list[int], list[list[int]]]:
         """``(incarnation, next local id, starts, issued ranges of replaced incarnations)``."""
         ranges = [list(r) for r in self.ranges]
-        return self.incarnation, self.buffer.episode_ids.stop, list(self.starts), ranges
+        return self.incarnation, self.buffer._next_episode_id, list(self.starts), ranges
 
     def stats(self) -> dict[str, Any]:
         """The buffer's counters plus this shard's incarnation and process."""
         return {
             **self.buffer.stats(),
             "incarnation": self.incarnation,
-            "next_local_id": self.buffer.episode_ids.stop,
+            "next_local_id": self.buffer._next_episode_id,
             "max_priority": self.buffer.max_priority,
             "pid": calls.process_id(),
         }

@@ -1,0 +1,238 @@
+"""The episode directory of a segmented buffer: one slot of state per live episode.
+
+On a buffer with ``segment_length`` the episode table's rows are *segments* (keyed by segment
+id, issued in commit order), and an episode is the set of its stored segments plus the state
+kept here: how many steps it committed (``total``), its first stored step, whether it is still
+open, how it ended, how often it was drawn and its priority. A slot is taken when the episode
+is opened and given back once it is closed and none of its segments is stored any more, so
+the directory holds O(1) per live episode however many episodes came before.
+
+Episode ids map to slots through a sorted id index (ids are issued in increasing order, so an
+insert is an append; a dropped id leaves a tombstone until the next compaction): lookups of
+``B`` ids are one vectorised binary search.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lucid_replay import engine
+from lucid_replay.engine import Array
+
+__all__: list[str] = []  # internal module
+
+_INITIAL_SLOTS = 64
+# Columns read by the index arithmetic (device tensors with engine views) and bookkeeping.
+_COLUMNS = {
+    "episode_id": (torch.int64, -1),
+    "total": (torch.int64, 0),  # steps committed since the episode's step 0
+    "first_stored": (torch.int64, 0),  # its oldest stored step (== total: none stored)
+    "opened": (torch.bool, False),
+    "terminated": (torch.bool, False),
+    "times": (torch.int64, 0),  # draws, for the reuse limit
+    "priority": (torch.float64, 1.0),  # priority_unit="episode"
+    "first_key": (torch.int64, -1),  # oldest stored segment id (-1: none)
+    "last_key": (torch.int64, -1),  # newest committed segment id (-1: none yet)
+    "num_segments": (torch.int64, 0),
+    "token": (torch.int64, 0),  # the stream allowed to append (see EpisodeStream)
+}
+
+
+class EpisodeDirectory:
+    """Per-episode state of a segmented buffer, by slot, with an episode id -> slot index."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.next_episode_id = 0
+        self.next_token = 1
+        self._free: list[int] = []
+        self._index_ids = np.empty(_INITIAL_SLOTS, dtype=np.int64)
+        self._index_slots = np.empty(_INITIAL_SLOTS, dtype=np.int64)
+        self._index_size = 0
+        self._tombstones = 0
+        self._allocate(_INITIAL_SLOTS)
+        self._free = list(range(_INITIAL_SLOTS - 1, -1, -1))  # popped lowest first
+
+    # ----------------------------------------------------------------------------- layout
+    def _allocate(self, slots: int) -> None:
+        old = getattr(self, "columns", None)
+        self.slot_count = slots
+        self.columns = {
+            name: torch.full((slots,), fill, dtype=dtype, device=self.device)
+            for name, (dtype, fill) in _COLUMNS.items()
+        }
+        if old is not None:
+            used = int(next(iter(old.values())).shape[0])
+            for name, column in self.columns.items():
+                column[:used] = old[name]
+        self.arrays = {name: engine.view(column) for name, column in self.columns.items()}
+        # Host copies for bookkeeping without device round trips (the same memory on CPU).
+        self.host = {name: column.cpu().numpy() for name, column in self.columns.items()}
+
+    def set(self, name: str, slot: int, value: int | float | bool) -> None:
+        """Write one value of one slot (on the device and in the host copy)."""
+        self.host[name][slot] = value
+        if self.device.type != "cpu":
+            self.columns[name][slot] = value
+
+    def get(self, name: str, slot: int) -> int:
+        """One integer (or bool) value of one slot, from the host copy."""
+        return int(self.host[name][slot])
+
+    def push(self, names: tuple[str, ...]) -> None:
+        """Copy the host copies of ``names`` to the device after a host-side update."""
+        if self.device.type != "cpu":
+            for name in names:
+                self.columns[name].copy_(torch.from_numpy(self.host[name]))
+
+    def sync_host(self, names: tuple[str, ...]) -> None:
+        """Refresh the host copies of ``names`` after a vectorised device write."""
+        if self.device.type != "cpu":
+            for name in names:
+                self.host[name][:] = self.columns[name].cpu().numpy()
+
+    # ----------------------------------------------------------------------- episodes
+    def open(self) -> tuple[int, int]:
+        """Issue the next episode id and give it a slot; returns ``(episode_id, slot)``."""
+        if not self._free:
+            self._free.extend(range(2 * self.slot_count - 1, self.slot_count - 1, -1))
+            self._allocate(2 * self.slot_count)
+        slot = self._free.pop()
+        episode_id = self.next_episode_id
+        self.next_episode_id += 1
+        for name, (_, fill) in _COLUMNS.items():
+            self.set(name, slot, fill)
+        self.set("episode_id", slot, episode_id)
+        self.set("opened", slot, True)
+        self._index_append(episode_id, slot)
+        return episode_id, slot
+
+    def new_token(self, slot: int) -> int:
+        """Give ``slot`` a new stream token (earlier streams of the episode may not append)."""
+        token = self.next_token
+        self.next_token += 1
+        self.set("token", slot, token)
+        return token
+
+    def drop(self, slots: np.ndarray) -> None:
+        """Give back the slots of episodes that are closed and no longer stored."""
+        for slot in slots.tolist():  # each episode leaves once: amortised O(1) per episode
+            episode_id = self.get("episode_id", slot)
+            position = int(np.searchsorted(self._index_ids[: self._index_size], episode_id))
+            self._index_slots[position] = -1
+            self._tombstones += 1
+            self.set("episode_id", slot, -1)
+            self._free.append(slot)
+        if self._tombstones * 2 > self._index_size:
+            self._compact()
+
+    # ------------------------------------------------------------------------ lookups
+    def slot_of(self, episode_id: int) -> int:
+        """The slot of a live episode, or -1."""
+        size = self._index_size
+        position = int(np.searchsorted(self._index_ids[:size], episode_id))
+        if position < size and self._index_ids[position] == episode_id:
+            return int(self._index_slots[position])
+        return -1
+
+    def slots_of(self, episode_ids: np.ndarray) -> np.ndarray:
+        """The slots of live episodes ``episode_ids`` (int64 numpy), -1 for the others."""
+        size = self._index_size
+        ids = self._index_ids[:size]
+        positions = np.minimum(np.searchsorted(ids, episode_ids), max(size - 1, 0))
+        if size == 0:
+            return np.full(episode_ids.shape, -1, dtype=np.int64)
+        found = ids[positions] == episode_ids
+        slots: np.ndarray = np.where(found, self._index_slots[positions], -1)
+        return slots
+
+    def live_slots(self) -> np.ndarray:
+        """Slots of every live episode, in id order."""
+        slots = self._index_slots[: self._index_size]
+        return slots[slots >= 0]
+
+    def stored_slots(self) -> np.ndarray:
+        """Slots of episodes with a stored step, oldest stored segment first."""
+        slots = self.live_slots()
+        slots = slots[self.host["num_segments"][slots] > 0]
+        ordered: np.ndarray = slots[np.argsort(self.host["first_key"][slots], kind="stable")]
+        return ordered
+
+    def stored_ids(self) -> list[int]:
+        """Ids of episodes with a stored step, oldest stored segment first."""
+        return [int(i) for i in self.host["episode_id"][self.stored_slots()]]
+
+    def open_ids(self) -> list[int]:
+        """Ids of open episodes, in id order."""
+        slots = self.live_slots()
+        return [int(i) for i in self.host["episode_id"][slots[self.host["opened"][slots]]]]
+
+    # ---------------------------------------------------------------------- the index
+    def _index_append(self, episode_id: int, slot: int) -> None:
+        if self._index_size == self._index_ids.shape[0]:
+            self._compact(grow=True)
+        self._index_ids[self._index_size] = episode_id
+        self._index_slots[self._index_size] = slot
+        self._index_size += 1
+
+    def _compact(self, *, grow: bool = False) -> None:
+        size = self._index_size
+        live = self._index_slots[:size] >= 0
+        ids, slots = self._index_ids[:size][live], self._index_slots[:size][live]
+        room = max(_INITIAL_SLOTS, 2 * ids.shape[0] + (1 if grow else 0))
+        if grow:
+            room = max(room, 2 * self._index_ids.shape[0] if ids.shape[0] == size else room)
+        self._index_ids = np.empty(room, dtype=np.int64)
+        self._index_slots = np.empty(room, dtype=np.int64)
+        self._index_ids[: ids.shape[0]] = ids
+        self._index_slots[: ids.shape[0]] = slots
+        self._index_size, self._tombstones = int(ids.shape[0]), 0
+
+    # -------------------------------------------------------------------- checkpoints
+    def state(self) -> dict[str, object]:
+        """The live episodes' rows (CPU tensors, in id order) and the id/token counters."""
+        slots = torch.from_numpy(self.live_slots().copy())
+        rows = {name: column.cpu()[slots].clone() for name, column in self.columns.items()}
+        return {
+            "next_episode_id": self.next_episode_id,
+            "next_token": self.next_token,
+            "columns": rows,
+        }
+
+    @classmethod
+    def from_rows(
+        cls,
+        columns: dict[str, torch.Tensor],
+        next_episode_id: int,
+        next_token: int,
+        device: torch.device,
+    ) -> EpisodeDirectory:
+        """A directory holding ``columns`` (checked rows in id order) in slots 0, 1, ..."""
+        directory = cls(device)
+        count = int(columns["episode_id"].shape[0])
+        slots = _INITIAL_SLOTS
+        while slots < count:
+            slots *= 2
+        directory._allocate(slots)
+        for name, column in directory.columns.items():
+            column[:count] = columns[name].to(device)
+        directory.sync_host(tuple(_COLUMNS))
+        directory._free = list(range(slots - 1, count - 1, -1))
+        ids = columns["episode_id"].numpy()
+        directory._index_ids = np.empty(max(_INITIAL_SLOTS, 2 * count), dtype=np.int64)
+        directory._index_slots = np.empty_like(directory._index_ids)
+        directory._index_ids[:count] = ids
+        directory._index_slots[:count] = np.arange(count)
+        directory._index_size = count
+        directory.next_episode_id, directory.next_token = next_episode_id, next_token
+        return directory
+
+
+COLUMNS = tuple(_COLUMNS)
+DTYPES = {name: dtype for name, (dtype, _) in _COLUMNS.items()}
+
+
+def as_host(values: Array) -> np.ndarray:
+    """An engine array as a host numpy array (a copy only off the CPU)."""
+    return values if isinstance(values, np.ndarray) else values.cpu().numpy()

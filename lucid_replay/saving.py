@@ -1,0 +1,95 @@
+"""Saving and loading a buffer: the `SequenceReplay` methods of persistence.
+
+`lucid_replay.checkpoint` holds the format; these methods take the buffer's lock and move a
+`Snapshot` between the buffer's core and that format.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from lucid_replay import checkpoint
+
+if TYPE_CHECKING:
+    from lucid_replay.core import ReplayCore
+
+__all__: list[str] = []  # internal module
+
+_ReplayT = TypeVar("_ReplayT", bound="Checkpointing")
+
+
+class Checkpointing:
+    """The persistence methods of `SequenceReplay` (documented there)."""
+
+    _lock: Any
+    _core: ReplayCore
+    _capacity: int
+    _device: torch.device
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to restore the buffer exactly (tensors on CPU)."""
+        with self._lock:
+            return checkpoint.pack(self._core.snapshot(type(self).__name__, self._config()))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from `state_dict`; on any error the buffer is left unchanged.
+
+        Raises
+        ------
+        CheckpointError
+            For a state of another class, another configuration, or one that breaks an
+            invariant of the episode table, the data, the counters, the RNG state or the
+            priorities.
+        """
+        with self._lock:
+            checkpoint.check_header(state, type(self).__name__)
+            snapshot = checkpoint.unpack(state, device=self._device, capacity=self._capacity)
+            self._core.restore(snapshot, self._config())
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the buffer to ``path`` atomically (a temporary file flushed to disk, a rename).
+
+        The file carries a checksum of its contents: a corrupted file is refused by `load`.
+        """
+        checkpoint.write(path, self.state_dict())
+
+    @classmethod
+    def load(
+        cls: type[_ReplayT],
+        path: str | os.PathLike[str],
+        *,
+        device: torch.device | str | None = None,
+    ) -> _ReplayT:
+        """Read a buffer saved by `save`; returns the class that was saved.
+
+        Raises
+        ------
+        CheckpointError
+            (a ``ValueError``) for a file that is not a buffer, is truncated or corrupt
+            (its checksum fails), has an unknown format version or a bad configuration.
+        """
+        state = checkpoint.read(path)
+        buffer = checkpoint.construct(state, cls, device)
+        buffer.load_state_dict(state)
+        return buffer
+
+    def _config(self) -> dict[str, Any]:
+        store = self._core.store
+        declared = store.schema if store.declared else None
+        config = {
+            "capacity": self._capacity,
+            "device": str(self._device),
+            "unit": self._core.sampler.unit,
+            "max_times_sampled": self._core.sampler.reuse_limit,
+            "schema": declared.to_state() if declared is not None else None,
+        }
+        if store.segments is not None:  # unsegmented configurations stay as they were
+            config["segment_length"] = store.segments.segment_length
+            if self._core.priorities is not None:
+                config["priority_unit"] = store.segments.priority_unit
+        priorities = self._core.priorities
+        return config if priorities is None else {**config, **priorities.config()}

@@ -1,0 +1,334 @@
+"""`Segments`: the rules of a segmented store (commit, close, evict, look up by episode).
+
+A buffer with ``segment_length`` keeps its episode table's rows as segments (see
+`lucid_replay.directory`): a segment is committed whole, in commit order, and evicted
+oldest first, so the table's offset and id invariants hold for segments exactly as for whole
+episodes. An episode is its directory slot plus its chain of stored segments (each row links
+to the episode's previous and next segment). This module keeps the two in step:
+
+* ``commit`` evicts what the new segment needs, copies its steps, appends its row and moves
+  its episode's end; the leaves of the episode's rows whose eligible anchors changed are
+  marked (the tail that the longest cached span reaches back to; every row of the episode
+  under ``unit="episode"``, whose rows share the episode's mass);
+* ``close`` ends the episode (the open-episode rule of eligibility no longer applies);
+* ``evicted`` moves the first stored step of the episodes whose oldest segments went, and
+  gives back the slots of closed episodes with nothing stored.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from lucid_replay import engine
+from lucid_replay.checks import as_vector
+from lucid_replay.directory import EpisodeDirectory
+from lucid_replay.errors import UnknownEpisodeError, must, wrong_type
+from lucid_replay.records import Anchors
+from lucid_replay.seams import segment_of
+
+if TYPE_CHECKING:
+    from lucid_replay.store import EpisodeStore
+
+__all__: list[str] = []  # internal module
+
+PRIORITY_UNITS = ("episode", "segment")
+
+
+class Segments:
+    """Commits, closes and lookups of a segmented `EpisodeStore` (its ``segments``).
+
+    Parameters
+    ----------
+    store
+        The store whose table has segment rows.
+    segment_length
+        Steps per full segment.
+    priority_unit
+        ``"episode"``: one priority per episode, copied to each of its rows;
+        ``"segment"``: one per row.
+    unit
+        The sampler's unit (``"episode"`` rows share their episode's mass).
+    """
+
+    def __init__(
+        self, store: EpisodeStore, segment_length: int, priority_unit: str, unit: str
+    ) -> None:
+        self.store = store
+        self.segment_length = segment_length
+        self.priority_unit = priority_unit
+        self.unit = unit
+        # The longest span any cached sum tree needs (set by the owner of the trees).
+        self.need_of_trees: Callable[[], int] = _no_trees
+
+    @property
+    def directory(self) -> EpisodeDirectory:
+        directory = self.store.table.directory
+        assert directory is not None  # a segmented store's table has one
+        return directory
+
+    # -------------------------------------------------------------------------- writing
+    def open(self) -> tuple[int, int]:
+        """Issue an episode id; returns ``(episode_id, stream token)``."""
+        episode_id, slot = self.directory.open()
+        return episode_id, self.directory.new_token(slot)
+
+    def commit(
+        self,
+        slot: int,
+        steps: Mapping[str, torch.Tensor],
+        host: Mapping[str, np.ndarray] | None,
+        max_priority: float,
+    ) -> int:
+        """Store ``steps`` as the episode's next segment; return its segment id.
+
+        ``steps`` are checked, ``[n, ...]`` each with ``n <= capacity``.
+        """
+        store, table, directory = self.store, self.store.table, self.directory
+        length = int(next(iter(steps.values())).shape[0])
+        to_evict = table.count_to_evict(store.capacity, length)
+        if to_evict:
+            store.evict(to_evict)
+            store.reclaim_retired()
+        store.ring.write(table.next_offset, steps, host)  # data first, as `EpisodeStore.add`
+        first_step = directory.get("total", slot)
+        new_episode = first_step == 0
+        if self.priority_unit == "segment" or new_episode:
+            priority = max_priority
+            if new_episode:
+                directory.set("priority", slot, priority)
+        else:
+            priority = float(directory.host["priority"][slot])
+        previous = directory.get("last_key", slot)
+        key, row = table.append_segment(slot, first_step, length, priority, previous)
+        directory.set("total", slot, first_step + length)
+        directory.set("last_key", slot, key)
+        if directory.get("num_segments", slot) == 0:
+            directory.set("first_key", slot, key)
+            directory.set("first_stored", slot, first_step)
+        directory.set("num_segments", slot, directory.get("num_segments", slot) + 1)
+        store.on_change(row)
+        self._mark_changed(slot, first_step)
+        store.counts["episodes_added"] += int(new_episode)
+        store.counts["transitions_added"] += length
+        return key
+
+    def add(self, episode: Any, priority: Any) -> int:
+        """Store a cast, checked ``episode``: open, one commit per segment, close.
+
+        Exactly what streaming its steps stores.
+        """
+        episode_id, _ = self.open()
+        slot = self.directory.slot_of(episode_id)
+        host, size = episode._host_steps, self.segment_length
+        for begin in range(0, len(episode), size):  # ceil(T / L) segments, not per step
+            piece = {name: t[begin : begin + size] for name, t in episode.steps.items()}
+            views = None if host is None else {n: v[begin : begin + size] for n, v in host.items()}
+            self.commit(slot, piece, views, priority())
+        self.close(slot, episode.terminated)
+        return episode_id
+
+    def close(self, slot: int, terminated: bool) -> None:
+        """End the open episode in ``slot`` (its pending steps already committed)."""
+        directory = self.directory
+        directory.set("opened", slot, False)
+        directory.set("terminated", slot, terminated)
+        directory.set("token", slot, 0)
+        self._mark_changed(slot, directory.get("total", slot))
+        if directory.get("num_segments", slot) == 0:  # nothing (left) to store
+            self._drop(np.array([slot], dtype=np.int64))
+
+    def _mark_changed(self, slot: int, old_total: int) -> None:
+        """Mark the rows whose eligible anchors change as the episode's end moves.
+
+        When it moves past ``old_total``, or the episode closes: the rows reaching within
+        the longest cached span of it.
+        """
+        table, directory = self.store.table, self.directory
+        if self.unit == "episode":
+            self.store.on_change(engine.tensor(table.segment_rows(np.array([slot]))))
+            return
+        reach_from = old_total - self.need_of_trees()
+        key, column, rows = directory.get("last_key", slot), table.arrays, []
+        while key >= table.first_id:
+            row = table.row_of(key)
+            if int(column["first_step"][row]) + int(column["length"][row]) <= reach_from:
+                break
+            rows.append(row)
+            key = int(column["prev_key"][row])
+        if rows:
+            self.store.on_change(torch.tensor(rows, dtype=torch.int64, device=table.device))
+
+    # ------------------------------------------------------------------------- evicting
+    def evicted(self, rows: Any) -> tuple[int, int]:
+        """Update the episodes of just-evicted segment ``rows`` (oldest first).
+
+        Returns how many episodes left the buffer, and how many of those were never drawn.
+        """
+        table, directory = self.store.table, self.directory
+        evicted = torch.as_tensor(rows, dtype=torch.int64).reshape(-1).to(table.device)
+        column = {
+            name: table.columns[name][evicted].cpu().numpy()
+            for name in ("slot", "first_step", "length", "next_key")
+        }
+        slots, host = column["slot"], directory.host
+        np.maximum.at(host["first_stored"], slots, column["first_step"] + column["length"])
+        np.subtract.at(host["num_segments"], slots, 1)
+        np.maximum.at(host["first_key"], slots, column["next_key"])
+        touched = np.unique(slots)
+        empty = touched[host["num_segments"][touched] == 0]
+        host["first_key"][empty] = -1
+        directory.push(("first_stored", "num_segments", "first_key"))
+        if self.unit == "episode":  # the rows left share a smaller episode mass
+            left = touched[host["num_segments"][touched] > 0]
+            self.store.on_change(table.segment_rows(torch.from_numpy(left).to(table.device)))
+        gone = empty[~host["opened"][empty]]
+        unsampled = int(np.count_nonzero(host["times"][gone] == 0))
+        self._drop(gone, counted=False)
+        return int(gone.shape[0]), unsampled
+
+    def _drop(self, slots: np.ndarray, *, counted: bool = True) -> None:
+        """Give back the slots of closed episodes with nothing stored."""
+        if counted:  # closed after losing every stored step: it leaves the buffer now
+            store, host = self.store, self.directory.host
+            stored_once = slots[host["total"][slots] > 0]
+            store.counts["episodes_evicted"] += int(stored_once.shape[0])
+            unsampled = int(np.count_nonzero(host["times"][stored_once] == 0))
+            store.evicted_unsampled = store.evicted_unsampled + unsampled
+        self.directory.drop(slots)
+
+    # -------------------------------------------------------------------------- lookups
+    def live_slot(self, episode_id: object, *, stored: bool) -> int:
+        """The slot of a live episode (``stored``: one with a stored step), else an error."""
+        if isinstance(episode_id, bool):
+            raise wrong_type("episode_id", "an int", episode_id)
+        try:
+            number = operator.index(episode_id)  # type: ignore[arg-type]
+        except TypeError:
+            raise wrong_type("episode_id", "an int", episode_id) from None
+        directory = self.directory
+        slot = directory.slot_of(number)
+        if slot >= 0 and (not stored or directory.get("num_segments", slot) > 0):
+            return slot
+        if not 0 <= number < directory.next_episode_id:
+            state = "was never issued"
+        elif slot >= 0:
+            state = "is open with no stored step (all committed steps evicted, or none yet)"
+        else:
+            state = "was evicted"
+        rule = "a stored episode" if stored else "an open or stored episode"
+        raise UnknownEpisodeError(f"episode_id must be {rule}, got {number}: it {state}")
+
+    def rows_at(self, slots: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """Rows of the segments holding stored ``steps`` of the episodes in ``slots``."""
+        table = self.store.table
+        first = engine.tensor(self.directory.arrays["first_key"])[slots] & (table.row_count - 1)
+        return segment_of(table, first, steps[:, None])[:, 0]
+
+    def anchors(self, episode_ids: Any, anchor_steps: Any) -> Anchors:
+        """Anchors at given stored steps (`EpisodeStore.anchors` on a segmented store)."""
+        device, directory = self.store.table.device, self.directory
+        ids = as_vector("episode_ids", episode_ids, torch.int64, device).clone()  # owned
+        steps = as_vector("anchor_steps", anchor_steps, torch.int64, device).clone()
+        if ids.shape != steps.shape:
+            raise must("anchor_steps", f"as long as episode_ids ({ids.numel()})", steps.numel())
+        slots = torch.from_numpy(directory.slots_of(ids.cpu().numpy())).to(device)
+        host = directory.host
+        counts = torch.from_numpy(host["num_segments"]).to(device)[slots]
+        stored = (slots >= 0) & (counts > 0)
+        if not bool(stored.all()):
+            self.live_slot(int(ids[~stored][0]), stored=True)
+        first = engine.tensor(directory.arrays["first_stored"])[slots]
+        end = engine.tensor(directory.arrays["total"])[slots]
+        outside = (steps < first) | (steps >= end)
+        if bool(outside.any()):
+            at = int(outside.nonzero()[0])
+            raise must(
+                f"anchor_steps[{at}]",
+                f"a stored step of episode {int(ids[at])} ({int(first[at])} .. {int(end[at]) - 1})",
+                int(steps[at]),
+            )
+        rows = self.rows_at(slots, steps)
+        return Anchors(engine.view(rows), engine.view(ids), engine.view(steps))
+
+    def episode_steps(self, slot: int) -> dict[str, torch.Tensor]:
+        """A copy of the stored steps of the episode in ``slot``, oldest first."""
+        table, ring = self.store.table, self.store.ring
+        rows = engine.tensor(table.segment_rows(np.array([slot])))
+        starts, lengths = table.host_start, table.host_length
+        parts = [ring.read(int(starts[row]), int(lengths[row])) for row in rows.tolist()]
+        return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
+    def write_records(
+        self,
+        name: str,
+        ids: torch.Tensor,
+        steps: torch.Tensor,
+        mask: torch.Tensor,
+        values: torch.Tensor,
+    ) -> int:
+        """`EpisodeStore.write_records` on a segmented store: only steps still stored."""
+        store, directory = self.store, self.directory
+        device = store.table.device
+        slots = torch.from_numpy(directory.slots_of(ids.reshape(-1).cpu().numpy()))
+        slots = slots.to(device).reshape(ids.shape)
+        first = engine.tensor(directory.arrays["first_stored"])[slots]
+        end = engine.tensor(directory.arrays["total"])[slots]
+        write = mask & (slots >= 0) & (steps >= first) & (steps < end)
+        rows = self.rows_at(slots[write], steps[write])
+        offsets = engine.tensor(store.table.offsets(engine.view(rows), engine.view(steps[write])))
+        store.ring.scatter(
+            name, offsets, values.detach().to(device)[write], store.table.oldest_offset
+        )
+        return int(write.sum())
+
+    # ----------------------------------------------------------------------- priorities
+    def assign_priorities(
+        self, ids: torch.Tensor, priorities: torch.Tensor
+    ) -> tuple[torch.Tensor, int, float]:
+        """Set episode priorities (``priority_unit="episode"``) and copy them to their rows.
+
+        Ids of episodes no longer live are skipped; a repeated id takes its largest value.
+        Returns the rows changed, how many distinct episodes were set and the largest
+        priority set (``-inf`` if none).
+        """
+        directory, table = self.directory, self.store.table
+        slots = directory.slots_of(ids.cpu().numpy())
+        live = slots >= 0
+        if not live.any():
+            return torch.empty(0, dtype=torch.int64, device=table.device), 0, -float("inf")
+        slots, values = slots[live], priorities.cpu().numpy()[live]
+        column = directory.host["priority"]
+        engine.assign_max(column, slots, values)
+        directory.push(("priority",))
+        distinct = np.unique(slots)
+        rows = engine.tensor(table.segment_rows(torch.from_numpy(distinct).to(table.device)))
+        slot_of = engine.tensor(table.arrays["slot"])
+        table.priority[rows] = directory.columns["priority"][slot_of[rows]]
+        return rows, int(distinct.shape[0]), float(values.max())
+
+    def stored_priorities(self) -> torch.Tensor:
+        """float64: the priorities of the stored episodes, in `stored_ids` order."""
+        directory = self.directory
+        slots = torch.from_numpy(directory.stored_slots())
+        return directory.columns["priority"].cpu()[slots].clone()
+
+    def counts(self) -> dict[str, int]:
+        """Stats of a segmented store: stored episodes and segments, open episodes."""
+        directory = self.directory
+        return {
+            "episodes_stored": int(directory.stored_slots().shape[0]),
+            "segments_stored": self.store.table.num_episodes,
+            "segments_added": self.store.table.next_id,
+            "segments_evicted": self.store.table.first_id,
+            "episodes_open": len(directory.open_ids()),
+        }
+
+
+def _no_trees() -> int:
+    """`Segments.need_of_trees` until an owner sets it."""
+    return 0

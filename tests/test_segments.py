@@ -1,0 +1,332 @@
+"""Streamed segments: streaming equals adding, windows across seams equal contiguous steps,
+the law with open episodes and evicted heads, and segment-granular eviction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import both_engines, comparable, make_episode
+from stats import ACCEPT, REJECT, chi_square_pvalue
+
+from lucid_replay import Episode, PrioritizedSequenceReplay, SequenceReplay, Window
+
+
+def stream_in_pieces(
+    buffer: SequenceReplay, episode: Episode, rng: np.random.Generator, *, flush: bool = False
+) -> int:
+    """Stream ``episode`` in random pieces (1 .. 2L steps), optionally flushing at random."""
+    stream = buffer.open_episode()
+    length, begin = len(episode), 0
+    assert buffer.segment_length is not None
+    while begin < length:
+        size = int(rng.integers(1, 2 * buffer.segment_length + 1))
+        stream.append({name: t[begin : begin + size] for name, t in episode.steps.items()})
+        begin += size
+        if flush and rng.random() < 0.3:
+            stream.flush()
+    stream.close(terminated=episode.terminated)
+    return stream.episode_id
+
+
+CONFIGS = [
+    pytest.param(SequenceReplay, {"unit": "chunk"}, id="uniform-chunk"),
+    pytest.param(SequenceReplay, {"unit": "episode"}, id="uniform-episode"),
+    pytest.param(SequenceReplay, {"max_times_sampled": 3}, id="reuse-limit"),
+    pytest.param(PrioritizedSequenceReplay, {"unit": "chunk"}, id="prioritized-episode-unit"),
+    pytest.param(PrioritizedSequenceReplay, {"unit": "episode"}, id="prioritized-unit-episode"),
+    pytest.param(
+        PrioritizedSequenceReplay, {"priority_unit": "segment"}, id="prioritized-segment-unit"
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "config"), CONFIGS)
+@both_engines
+def test_streaming_in_random_pieces_equals_add_ids_data_stats_and_draws(kind, config) -> None:
+    rng = np.random.default_rng(7)
+    twins = [kind(capacity=60, segment_length=4, seed=3, **config) for _ in range(2)]
+    window = Window(3, burn_in=2, bootstrap=1)
+    for round_ in range(12):
+        episode = make_episode(int(rng.integers(1, 25)), terminated=bool(round_ % 2))
+        ids = [twins[0].add(episode), stream_in_pieces(twins[1], episode, rng)]
+        assert ids[0] == ids[1] == round_
+        batches = []
+        for buffer in twins:
+            try:
+                batch = buffer.sample_windows(5, window)
+            except ValueError as error:  # both refuse alike (reuse limit, nothing eligible)
+                batches.append(str(error))
+                continue
+            batches.append(comparable({"data": dict(batch.data), "ids": batch.episode_ids}))
+            if isinstance(buffer, PrioritizedSequenceReplay):
+                buffer.update_priorities_from(batch, torch.arange(5 * window.size).view(5, -1))
+        assert batches[0] == batches[1]
+        assert twins[0].stats() == twins[1].stats()
+        assert comparable(twins[0].state_dict()) == comparable(twins[1].state_dict())
+    assert twins[0].stats()["segments_evicted"] > 0  # heads were evicted along the way
+
+
+def test_add_stores_ceil_t_over_l_segments_and_counts_them() -> None:
+    buffer = SequenceReplay(capacity=100, segment_length=4)
+    episode_id = buffer.add(make_episode(10, terminated=True))
+    info = buffer.episode_info(episode_id)
+    assert (info.num_segments, info.total_length, info.stored_length) == (3, 10, 10)
+    assert (info.first_step, info.is_open, info.terminated) == (0, False, True)
+    assert buffer.stats()["segments_stored"] == 3 and len(buffer) == 10
+    assert bool(buffer[episode_id]["serial"].diff().eq(1).all())
+
+
+def test_an_append_commits_every_l_steps_when_it_returns() -> None:
+    buffer = SequenceReplay(capacity=100, segment_length=4)
+    stream = buffer.open_episode()
+    assert stream.episode_id == 0 and 0 not in buffer and buffer.open_episode_ids == [0]
+    assert stream.append({"x": torch.arange(3)}) == [] and len(buffer) == 0
+    assert stream.pending == 3
+    assert stream.append({"x": torch.arange(3, 13)}) == [0, 1, 2] and len(buffer) == 12
+    assert stream.pending == 1 and 0 in buffer
+    assert buffer[0]["x"].tolist() == list(range(12))
+    assert not buffer[0].terminated  # open: never terminated
+    assert stream.flush() == 3 and stream.flush() is None and len(buffer) == 13
+    stream.close(terminated=True)
+    assert buffer.open_episode_ids == [] and buffer[0].terminated
+    assert buffer.episode_info(0).num_segments == 4
+
+
+def test_eviction_is_by_segment_oldest_first_and_an_episode_may_outlive_capacity() -> None:
+    buffer = SequenceReplay(capacity=12, segment_length=4)
+    stream = buffer.open_episode()
+    for begin in range(0, 120, 5):  # 10x capacity through one stream
+        stream.append({"x": torch.arange(begin, begin + 5)})
+        info = buffer.episode_info(0)
+        assert len(buffer) <= 12 and info.stored_length == len(buffer)
+        assert buffer[0]["x"].tolist() == list(range(info.first_step, info.total_length))
+    assert buffer.episode_info(0).first_step == 108 and buffer.episode_info(0).total_length == 120
+    stats = buffer.stats()
+    assert stats["transitions_evicted"] == 108 and stats["segments_evicted"] == 27
+    assert stats["episodes_evicted"] == 0  # still stored: it lost its head only
+
+
+def test_an_open_episode_whose_committed_steps_were_all_evicted_is_not_in_the_buffer() -> None:
+    buffer = SequenceReplay(capacity=8, segment_length=4)
+    old = buffer.open_episode()
+    old.append({"x": torch.arange(4)})
+    buffer.add(Episode({"x": torch.arange(8)}))
+    assert 0 not in buffer and buffer.open_episode_ids == [0]
+    assert buffer.episode_info(0).stored_length == 0 and buffer.episode_info(0).first_step == 4
+    with pytest.raises(KeyError, match="open with no stored step"):
+        buffer[0]
+    old.close(terminated=False)  # leaves now, counted as evicted
+    assert buffer.stats()["episodes_evicted"] == 1
+    with pytest.raises(KeyError, match="was evicted"):
+        buffer.episode_info(0)
+
+
+# ------------------------------------------------------------------ windows across seams
+def _interleaved_buffer(rng: np.random.Generator, capacity: int = 90) -> SequenceReplay:
+    """Five episodes streamed at once in random pieces with flushes; heads evicted; two open."""
+    buffer = SequenceReplay(capacity=capacity, segment_length=5)
+    streams = [buffer.open_episode() for _ in range(5)]
+    lengths = [0] * 5
+    for _ in range(60):
+        which = int(rng.integers(5))
+        size = int(rng.integers(1, 8))
+        serial = torch.arange(lengths[which], lengths[which] + size) + 1000 * which
+        streams[which].append({"serial": serial, "obs": serial.float()[:, None].repeat(1, 2)})
+        lengths[which] += size
+        if rng.random() < 0.2:
+            streams[which].flush()
+    for which in (0, 2, 3):
+        streams[which].close(terminated=which != 2)
+    return buffer
+
+
+WINDOWS = [
+    Window(3),
+    Window(4, burn_in=3, bootstrap=2),
+    Window(2, burn_in=2, bootstrap=1, dilation=3),
+    Window(4, burn_in=2, bootstrap=2, boundary="stop"),
+    Window(3, burn_in=1, bootstrap=1, dilation=2, boundary="stop"),
+    Window(5, bootstrap=1, allow_partial=True),
+]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=repr)
+@both_engines
+def test_windows_across_seams_equal_the_same_windows_on_the_steps_stored_contiguously(
+    window: Window,
+) -> None:
+    buffer = _interleaved_buffer(np.random.default_rng(11))
+    assert buffer.stats()["segments_evicted"] > 0
+    infos = [buffer.episode_info(episode_id) for episode_id in buffer.episode_ids]
+    assert max(info.num_segments for info in infos) >= 4  # seams to cross
+    assert any(info.first_step > 0 for info in infos) and any(info.is_open for info in infos)
+    for episode_id, info in zip(buffer.episode_ids, infos, strict=True):
+        stored = buffer[episode_id]
+        whole = SequenceReplay(capacity=1000)
+        whole.add(Episode(stored.steps, terminated=info.terminated))
+        steps = torch.arange(info.stored_length)
+        mine = buffer.gather_windows([episode_id] * len(steps), steps + info.first_step, window)
+        theirs = whole.gather_windows([0] * len(steps), steps, window)
+        for name in ("serial", "obs"):
+            assert torch.equal(mine[name], theirs[name])
+        for name in ("validity_mask", "is_init", "terminal", "learning_mask"):
+            assert torch.equal(getattr(mine, name), getattr(theirs, name)), name
+        assert torch.equal(mine.record_steps, theirs.record_steps + info.first_step)
+        assert torch.equal(mine.anchor_steps, theirs.anchor_steps + info.first_step)
+        assert bool((mine.record_episode_ids == episode_id).all())
+
+
+def test_include_reset_is_refused_on_a_segmented_buffer() -> None:
+    buffer = SequenceReplay(capacity=20, segment_length=4)
+    buffer.add(make_episode(6))
+    window = Window(2, boundary="include_reset")
+    for call in (
+        lambda: buffer.sample_windows(2, window),
+        lambda: buffer.gather_windows([0], [0], window),
+        lambda: buffer.num_eligible(window),
+        lambda: buffer.iterate(2, window),
+    ):
+        with pytest.raises(ValueError, match=r"window\.boundary must be"):
+            call()
+
+
+# ------------------------------------------------------------------------ eligibility
+def test_open_episodes_need_the_bootstrap_records_committed_and_num_eligible_agrees() -> None:
+    buffer = SequenceReplay(capacity=100, segment_length=4, seed=0)
+    stream = buffer.open_episode()
+    stream.append({"x": torch.arange(8)})  # steps 0..7 committed
+    window = Window(3, burn_in=2, bootstrap=2)  # learning 3 + bootstrap 2 = 5 steps
+    assert buffer.num_eligible(window) == 4  # anchors 0..3 (3 + 4 <= 7)
+    assert buffer.num_eligible(Window(3)) == 6  # a chunk needs its own steps only
+    assert buffer.num_eligible(Window(3, bootstrap=2, allow_partial=True)) == 4
+    batch = buffer.sample_windows(500, window)
+    assert set(batch.anchor_steps.tolist()) == {0, 1, 2, 3}
+    assert not bool(batch.terminal.any())
+    stream.close(terminated=True)  # closed: section 4's rule (learning region inside)
+    assert buffer.num_eligible(window) == 6
+    assert buffer.num_eligible(Window(3, bootstrap=2, allow_partial=True)) == 8
+    batch = buffer.sample_windows(500, window)
+    assert set(batch.anchor_steps.tolist()) == set(range(6))
+
+
+def test_a_draw_waits_for_an_open_episodes_bootstrap_instead_of_padding_a_false_end() -> None:
+    buffer = SequenceReplay(capacity=100, segment_length=4)
+    stream = buffer.open_episode()
+    stream.append({"x": torch.arange(4)})
+    with pytest.raises(ValueError, match="committed steps"):
+        buffer.sample_windows(1, Window(3, bootstrap=2))
+    stream.append({"x": torch.arange(4, 8)})
+    assert buffer.sample_windows(1, Window(3, bootstrap=2)).validity_mask.all()
+
+
+def _expected_law(buffer, window: Window, alpha: float, by_segment: bool) -> dict:
+    """P(episode, step) by enumeration: eligible anchors of each stored episode, weighted by
+    the priority of the episode or of the segment holding the step."""
+    law = {}
+    state = buffer.state_dict()
+    priorities = {}
+    columns = state["table"]["columns"]
+    for episode_id in buffer.episode_ids:
+        info = buffer.episode_info(episode_id)
+        need = window.open_anchor_span if info.is_open else window.anchor_span
+        for step in range(info.first_step, info.total_length - need + 1):
+            law[(episode_id, step)] = None
+    if by_segment:
+        key = columns["episode_id"]
+        stored = (key >= state["table"]["first_id"]) & (key < state["table"]["next_id"])
+        episodes = state["table"]["episodes"]["columns"]["episode_id"]
+        for row in stored.nonzero().flatten().tolist():
+            episode_id = int(episodes[int(columns["slot"][row])])
+            first = int(columns["first_step"][row])
+            for step in range(first, first + int(columns["length"][row])):
+                priorities[(episode_id, step)] = float(columns["priority"][row])
+    else:
+        by_id = dict(zip(buffer.episode_ids, buffer.priorities.tolist(), strict=True))
+        priorities = {anchor: by_id[anchor[0]] for anchor in law}
+    return {anchor: priorities[anchor] ** alpha for anchor in law}
+
+
+@pytest.mark.parametrize("priority_unit", ["episode", "segment"])
+@both_engines
+def test_the_law_with_open_episodes_evicted_heads_and_both_priority_units(priority_unit) -> None:
+    buffer = PrioritizedSequenceReplay(
+        capacity=40, alpha=0.7, segment_length=4, seed=5, priority_unit=priority_unit
+    )
+    rng = np.random.default_rng(2)
+    open_stream = buffer.open_episode()
+    open_stream.append({"x": torch.arange(10)})
+    for length in (7, 9):
+        buffer.add(Episode({"x": torch.arange(length)}))
+    open_stream.append({"x": torch.arange(10, 33)})  # evicts heads: its own and others'
+    window = Window(2, burn_in=1, bootstrap=2)
+    # Distinct priorities through the public route.
+    if priority_unit == "segment":
+        ids = torch.arange(buffer.stats()["segments_added"])
+    else:
+        ids = torch.tensor(list(buffer.episode_ids))
+    buffer.update_priorities(ids, rng.uniform(0.1, 5.0, ids.numel()))
+    assert buffer.episode_info(0).first_step > 0 and buffer.open_episode_ids == [0]
+    law = _expected_law(buffer, window, 0.7, priority_unit == "segment")
+    batch = buffer.sample_windows(20_000, window)
+    drawn = list(zip(batch.episode_ids.tolist(), batch.anchor_steps.tolist(), strict=True))
+    cells = sorted(law)
+    index = {cell: i for i, cell in enumerate(cells)}
+    counts = np.bincount([index[cell] for cell in drawn], minlength=len(cells))
+    probabilities = np.array([law[cell] for cell in cells])
+    assert chi_square_pvalue(counts, probabilities) > ACCEPT
+    flat = np.ones(len(cells))  # power: a law ignoring priorities is rejected
+    assert chi_square_pvalue(counts, flat) < REJECT
+
+
+def test_unit_episode_draws_stored_episodes_uniformly_whatever_their_segments() -> None:
+    buffer = SequenceReplay(capacity=200, segment_length=3, unit="episode", seed=4)
+    for length in (2, 5, 13, 31):  # 1, 2, 5 and 11 segments
+        buffer.add(Episode({"x": torch.arange(length)}))
+    stream = buffer.open_episode()
+    stream.append({"x": torch.arange(20)})
+    window = Window(2, bootstrap=1)
+    batch = buffer.sample_windows(20_000, window)
+    counts = np.bincount(batch.episode_ids.numpy(), minlength=5)
+    assert chi_square_pvalue(counts, [1, 1, 1, 1, 1]) > ACCEPT
+    assert chi_square_pvalue(counts, [1, 4, 12, 30, 18]) < REJECT
+    inside = batch.anchor_steps[batch.episode_ids == 3].numpy()  # uniform over its 30 anchors
+    assert chi_square_pvalue(np.bincount(inside, minlength=30), np.ones(30)) > ACCEPT
+
+
+@pytest.mark.parametrize(("kind", "config"), CONFIGS)
+@both_engines
+def test_trees_kept_current_through_appends_closes_evictions_and_updates(kind, config) -> None:
+    """After every call, a buffer rebuilt from its state (fresh trees) draws what it draws."""
+    rng = np.random.default_rng(5)
+    buffer = kind(capacity=50, segment_length=4, seed=9, **config)
+    windows = [Window(3, burn_in=1, bootstrap=2), Window(2), Window(4, dilation=2)]
+    streams = []
+    for _ in range(60):
+        action = rng.random()
+        if action < 0.2 or not streams:
+            streams.append(buffer.open_episode())
+        elif action < 0.3:
+            streams.pop(int(rng.integers(len(streams)))).close(terminated=bool(rng.random() < 0.5))
+        elif action < 0.4:
+            buffer.add(Episode({"x": torch.arange(int(rng.integers(1, 12)))}))
+        else:
+            stream = streams[int(rng.integers(len(streams)))]
+            stream.append({"x": torch.arange(int(rng.integers(1, 9)))})
+        for window in windows:
+            if buffer.num_eligible(window) == 0:
+                continue
+            twin = kind(capacity=50, segment_length=4, **config)
+            twin.load_state_dict(buffer.state_dict())
+            try:
+                mine = buffer.sample_windows(3, window)
+            except ValueError:  # the reuse limit ran out: the twin must refuse alike
+                with pytest.raises(ValueError):
+                    twin.sample_windows(3, window)
+                continue
+            theirs = twin.sample_windows(3, window)
+            assert torch.equal(mine.episode_ids, theirs.episode_ids)
+            assert torch.equal(mine.anchor_steps, theirs.anchor_steps)
+            if isinstance(buffer, PrioritizedSequenceReplay):
+                assert torch.equal(mine.weights, theirs.weights)
+                buffer.update_priorities_from(mine, torch.rand(3) * 4)
