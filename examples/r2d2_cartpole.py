@@ -8,7 +8,9 @@ The recipe follows R2D2 (Kapturowski et al., 2019), scaled down to run on a lapt
   whole episodes: per step the observation, the chosen action, the reward, and as extra
   fields the previous action and the LSTM state (h, c) the actor *entered* that step with;
 * each finished episode goes into a ``PrioritizedSequenceReplay`` whole, with
-  ``terminated=True`` only when the pole fell (not at the 500-step time limit);
+  ``terminated=True`` only when the pole fell (not at the 500-step time limit); with
+  ``--segment-length L`` the writer streams every episode instead, committing every ``L``
+  records as one segment while the episode is still running;
 * the learner samples windows ``[burn-in | learning region | n bootstrap records]``, starts the
   LSTM from the stored state, warms it up over the burn-in without gradients, and regresses
   n-step double-Q targets (``n_step_returns``) computed with a Polyak-averaged target network;
@@ -56,9 +58,12 @@ from lucid_replay import (
 )
 
 
-def setting(default: Any, help: str) -> Any:
-    """A dataclass field whose help text doubles as the ``--help`` line."""
-    return field(default=default, metadata={"help": help})
+def setting(default: Any, help: str, kind: type | None = None) -> Any:
+    """A dataclass field whose help text doubles as the ``--help`` line.
+
+    ``kind``: the flag's type, where the default (``None``) does not say it.
+    """
+    return field(default=default, metadata={"help": help, "type": kind or type(default)})
 
 
 @dataclass
@@ -72,6 +77,9 @@ class Args:
     hidden: int = setting(64, "width of the encoder and of the LSTM")
     # Replay and windows.
     capacity: int = setting(100_000, "replay capacity in stored steps")
+    segment_length: int | None = setting(
+        None, "stream episodes in segments of this many steps (None: store them whole)", int
+    )
     alpha: float = setting(0.4, "priority exponent (R2D2 uses 0.9; early falls then crowd replay)")
     beta: float = setting(0.4, "initial importance-sampling exponent, annealed to 1")
     eta: float = setting(0.9, "episode priority = eta * max|td| + (1 - eta) * mean|td|")
@@ -113,7 +121,7 @@ def parse_args() -> Args:
         if isinstance(f.default, bool):
             options["action"] = argparse.BooleanOptionalAction
         else:
-            options["type"] = type(f.default)
+            options["type"] = f.metadata["type"]
         parser.add_argument(flag, **options)
     return Args(**vars(parser.parse_args()))
 
@@ -427,7 +435,8 @@ def train(
         for episode_return in actor.step(epsilon):
             curve.append((step, episode_return))
         progress.update(args.num_envs)
-        if step < learning_starts or buffer.num_episodes == 0:
+        # REPLAY: an open episode's anchors need their bootstrap records committed
+        if step < learning_starts or buffer.num_eligible(window) == 0:
             continue
         buffer.anneal_beta(fraction)  # REPLAY: beta -> 1 over training
         owed_updates += args.num_envs / args.steps_per_update
@@ -465,8 +474,14 @@ def main() -> None:
         probe.single_observation_space.shape[0], int(probe.single_action_space.n), args.hidden
     ).to(args.device)
     # REPLAY: storage stays on the CPU; sample_windows(device=...) gathers onto args.device.
+    # With segment_length the writer streams episodes (windows use "stop", never
+    # "include_reset", which a segmented buffer refuses).
     buffer = PrioritizedSequenceReplay(
-        args.capacity, alpha=args.alpha, beta=args.beta, seed=args.seed
+        args.capacity,
+        alpha=args.alpha,
+        beta=args.beta,
+        seed=args.seed,
+        segment_length=args.segment_length,
     )
 
     start = time.perf_counter()

@@ -148,7 +148,10 @@ class PrioritizedSequenceReplay(SequenceReplay):
 
     @property
     def priorities(self) -> torch.Tensor:
-        """float64 ``[num_episodes]``: stored episodes' priorities, aligned with `episode_ids`."""
+        """float64: stored episodes' priorities, aligned with `episode_ids`.
+
+        With ``priority_unit="segment"``: the stored segments' priorities, by segment id.
+        """
         with self._lock:
             return self._core.stored_priorities().clone()
 
