@@ -1,8 +1,11 @@
-"""`EpisodeWriter`: whole episodes from the step stream of a gymnasium vector environment."""
+"""`EpisodeWriter`: episodes from the step stream of a gymnasium vector environment.
+
+Whole episodes are added to a buffer when they end; a segmented buffer (``segment_length``)
+gets them streamed, segment by segment (`lucid_replay.writer_streams`).
+"""
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,34 +13,25 @@ import numpy as np
 
 from lucid_replay.checks import check_int
 from lucid_replay.episode import Episode
-from lucid_replay.errors import EpisodesNotStoredError, must, wrong_kind, wrong_type
+from lucid_replay.errors import must, wrong_kind
 from lucid_replay.writer_pages import (
     Column,
     PageTable,
     as_batch,
     as_flags,
+    autoreset_mode,
     check_fields,
+    final_observations,
+    observation_batches,
     per_env_spec,
 )
+from lucid_replay.writer_streams import EnvStreams, WholeEpisodes, offer, segment_length_of
 
 __all__ = ["EpisodeWriter"]
 
-# The mode names of this package, and gymnasium's `AutoresetMode` values, to the mode.
-_MODES = {"next_step": "next_step", "same_step": "same_step", "disabled": "disabled"}
-_MODES.update({"NextStep": "next_step", "SameStep": "same_step", "Disabled": "disabled"})
 _AWAITING, _OPEN, _PENDING = 0, 1, 2  # per-env states: no episode, collecting, autoreset next
 _STEP_NAMES = ("action", "reward")
-_PAGE_RECORDS = 64  # records per page of the pool holding open episodes
-
-
-def _mode(autoreset: Any) -> str:
-    """The mode named by a string or by an enum member (gymnasium's `AutoresetMode`)."""
-    value = autoreset.value if isinstance(autoreset, enum.Enum) else autoreset
-    if not isinstance(value, str):
-        raise wrong_type("autoreset", "a str or an AutoresetMode", autoreset)
-    if value not in _MODES:
-        raise must("autoreset", "'next_step', 'same_step', 'disabled' or an AutoresetMode", value)
-    return _MODES[value]
+_PAGE_RECORDS = 64  # records per page of the pool holding open episodes (or L + 1, if fewer)
 
 
 class EpisodeWriter:
@@ -47,7 +41,8 @@ class EpisodeWriter:
     ----------
     buffer
         Any object with ``add(episode) -> int``: a `SequenceReplay`, a
-        `PrioritizedSequenceReplay`, or a client of a remote replay.
+        `PrioritizedSequenceReplay`, or a client of a remote replay. One that also has a
+        non-None ``segment_length`` and ``open_episode`` is streamed (see Notes).
     num_envs
         Number of sub-environments (the leading size of every array passed in).
     autoreset
@@ -90,6 +85,18 @@ class EpisodeWriter:
     (sparse, ``meta``, quantized, nested) and dtypes torch cannot hold are refused
     (``TypeError``), since an `Episode` could not be built from them.
 
+    On a buffer with a non-None ``segment_length`` ``L`` and an ``open_episode`` method (a
+    segmented `SequenceReplay`) every env's episode is streamed: the buffer stores exactly the
+    records above, but the writer holds fewer than ``L`` of them per env (plus the observation
+    the env's next action is chosen from). When an env's held records reach ``L`` they go to
+    its episode's `EpisodeStream` as one segment, committed by that call; the episode's end
+    appends the rest with the final record and closes the stream with ``terminated``. A
+    stream is opened when its episode first sends records (its first ``L``, or its end), so
+    ids are issued in that order, not in the order episodes end as on a whole-episode buffer:
+    an env's ids still increase episode by episode, and each call returns the ids of the
+    episodes it ended (closed), as everywhere. An episode a `flush`, `close` or `reset` cuts
+    is closed with ``terminated=False``, as a whole-episode buffer stores it truncated.
+
     The buffer may still refuse an episode (another writer fixed other fields first, the
     episode is longer than its capacity, a remote buffer timed out, ...). Every episode the
     call finished is offered to it, in env order; if any ``add`` raised, the call then
@@ -99,10 +106,14 @@ class EpisodeWriter:
     advanced as for a successful call: the envs keep collecting, and the call must not be
     repeated (its steps would be recorded twice). An exception that is not an ``Exception``
     (``KeyboardInterrupt``) propagates at once; the episodes not yet offered are dropped and
-    counted.
+    counted. When streaming, a refused ``open_episode``, ``append`` or ``close`` of env ``i``
+    is reported the same way and cuts its episode there: the segments committed stay, closed
+    with ``terminated=False``; the refused `Episode` is what the writer held, ending at the
+    observation reached, where the env's next episode starts (as after a refused `flush`).
 
     Open episodes are held in a pool of pages shared by the envs, so memory follows the
-    records open; `flush` cuts episodes that never end. One writer per collector thread.
+    records open; `flush` cuts episodes that never end (or stream them). One writer per
+    collector thread.
 
     Examples
     --------
@@ -133,11 +144,18 @@ class EpisodeWriter:
                 "buffer", "an object with an add(episode) method", type(buffer).__name__
             )
         self._num_envs = check_int("num_envs", num_envs, minimum=1)
-        self._mode = _mode(autoreset)
+        self._mode = autoreset_mode(autoreset)
         self._buffer = buffer
         self._state = np.full(self._num_envs, _AWAITING, dtype=np.int8)
         self._length = np.zeros(self._num_envs, dtype=np.int64)  # steps of each open episode
-        self._pages = PageTable(self._num_envs, _PAGE_RECORDS)
+        segment_length = segment_length_of(buffer)
+        self._sink = (
+            WholeEpisodes(buffer, self._num_envs)
+            if segment_length is None
+            else EnvStreams(buffer, self._num_envs, segment_length)
+        )
+        page = _PAGE_RECORDS if segment_length is None else min(_PAGE_RECORDS, segment_length + 1)
+        self._pages = PageTable(self._num_envs, page)
         self._dict_obs = False
         self._obs: dict[str, Column] | None = None  # fixed by the first reset
         self._fields: dict[str, Column] | None = None  # fixed by the first step
@@ -160,7 +178,8 @@ class EpisodeWriter:
         ``steps`` (environment steps recorded), ``episodes_added`` / ``records_added``
         (accepted by the buffer), ``episodes_flushed`` (of those, cut by `flush`, `close` or a
         `reset` rather than ended by the environment), ``episodes_dropped`` (refused by the
-        buffer), ``open_episodes`` and ``open_steps`` (held, not yet stored).
+        buffer), ``open_episodes`` and ``open_steps`` (held by the writer: not yet stored,
+        nor streamed).
         """
         open_envs = self._state == _OPEN
         return {
@@ -208,14 +227,14 @@ class EpisodeWriter:
             if env_mask is None
             else as_flags("env_mask", env_mask, self._num_envs)
         )
-        obs = self._observation(observation)
+        obs = observation_batches(observation, self._num_envs, self._obs, self._dict_obs)
         for name in obs:
             if name in _STEP_NAMES or (self._fields is not None and name in self._fields):
                 raise must("observation keys", "distinct from the other fields", name)
         if self._obs is None:
             specs = {name: per_env_spec(value) for name, value in obs.items()}
             check_fields(specs, self._buffer_schema(), complete=False)
-        cut = np.flatnonzero(mask & (self._state == _OPEN) & (self._length > 0))
+        cut = np.flatnonzero(mask & (self._state == _OPEN) & (self._steps() > 0))
         episodes = [self._episode(int(i), terminated=False) for i in cut]
         if self._obs is None:
             self._dict_obs = isinstance(observation, Mapping)
@@ -254,7 +273,7 @@ class EpisodeWriter:
         -------
         list[int]
             Ids of the episodes that ended in this call (in env order), as the buffer issued
-            them.
+            them (on a segmented buffer: the episodes this call closed).
 
         Raises
         ------
@@ -267,7 +286,8 @@ class EpisodeWriter:
         SchemaError, SchemaDtypeError
             At the first step, for fields no episode could be stored under.
         EpisodesNotStoredError
-            If the buffer refused an episode this step ended (see the class notes).
+            If the buffer refused an episode this step ended, or records it streamed (see the
+            class notes).
         """
         columns = self._obs
         if columns is None:
@@ -278,7 +298,7 @@ class EpisodeWriter:
         values = {name: as_batch(name, value, self._num_envs) for name, value in given.items()}
         terminal = as_flags("terminated", terminated, self._num_envs)
         ended = terminal | as_flags("truncated", truncated, self._num_envs)
-        obs = self._observation(observation)
+        obs = observation_batches(observation, self._num_envs, self._obs, self._dict_obs)
         clash = sorted(set(fields) & set(columns))
         if clash:
             raise must("field names", "distinct from the observation fields", clash)
@@ -293,7 +313,9 @@ class EpisodeWriter:
             raise must("step", rule, f"envs {waiting.tolist()} not reset")
         rows = np.flatnonzero(self._state == _OPEN)
         ended &= self._state == _OPEN
-        finals = self._final_observations(columns, info, np.flatnonzero(ended))
+        finals = {}
+        if self._mode == "same_step" and ended.any():
+            finals = final_observations(columns, self._dict_obs, info, np.flatnonzero(ended))
         layout = self._fields
         if layout is None:
             specs = {name: per_env_spec(value) for name, value in {**obs, **values}.items()}
@@ -317,6 +339,7 @@ class EpisodeWriter:
             for name, column in columns.items():
                 column.put(slot, final[name])
         self._counts["steps"] += int(rows.size)
+        refused, kept = self._spill(rows, ended)
         done = np.flatnonzero(ended)
         episodes = [self._episode(int(i), terminated=bool(terminal[i])) for i in done]
         if self._mode == "same_step":
@@ -326,7 +349,7 @@ class EpisodeWriter:
             self._state[done] = _PENDING
         else:
             self._state[done] = _AWAITING
-        return self._add(done, episodes, flushed=False)
+        return self._add(done, episodes, flushed=False, refused=refused, kept=kept)
 
     def flush(self) -> list[int]:
         """Store every open episode with at least one step as truncated; return their ids.
@@ -337,13 +360,9 @@ class EpisodeWriter:
         phase or to cut episodes that would otherwise never end. Raises
         `EpisodesNotStoredError` if the buffer refused some of them (see the class notes).
         """
-        rows = np.flatnonzero((self._state == _OPEN) & (self._length > 0))
+        rows = np.flatnonzero((self._state == _OPEN) & (self._steps() > 0))
         episodes = [self._episode(int(i), terminated=False) for i in rows]
-        first, current = (self._pages.slot(rows, s) for s in (0 * rows, self._length[rows]))
-        for column in (self._obs or {}).values():
-            column.move(first, current)
-        self._pages.release(rows)
-        self._length[rows] = 0
+        self._restart(rows)
         return self._add(rows, episodes, flushed=True)
 
     def close(self) -> list[int]:
@@ -358,6 +377,7 @@ class EpisodeWriter:
             self._state[:] = _AWAITING
             self._length[:] = 0
             self._pages.release(np.arange(self._num_envs))
+            self._sink.abandon(range(self._num_envs))  # none open unless flush was interrupted
 
     def __enter__(self) -> EpisodeWriter:
         return self
@@ -366,54 +386,6 @@ class EpisodeWriter:
         self.close()
 
     # ----------------------------------------------------------------------- internals
-    def _observation(self, observation: Any) -> dict[str, Any]:
-        """Field name -> ``[num_envs, ...]`` batch, checked against the fixed layout."""
-        if isinstance(observation, Mapping):
-            obs = {}
-            for key, value in observation.items():
-                if not isinstance(key, str):
-                    raise wrong_type("observation keys", "str", key)
-                obs[key] = as_batch(f"observation[{key!r}]", value, self._num_envs)
-        else:
-            obs = {"observation": as_batch("observation", observation, self._num_envs)}
-        if self._obs is None:
-            return obs
-        if isinstance(observation, Mapping) != self._dict_obs or set(obs) != set(self._obs):
-            raise must("observation", f"of the first reset's fields {list(self._obs)}", list(obs))
-        return {
-            name: column.conform(f"observation[{name!r}]" if self._dict_obs else name, obs[name])
-            for name, column in self._obs.items()
-        }
-
-    def _final_observations(
-        self, columns: dict[str, Column], info: Mapping[str, Any] | None, ended: np.ndarray
-    ) -> dict[int, dict[str, Any]]:
-        """Under ``"same_step"``: env -> its final observation, from ``info["final_obs"]``."""
-        if self._mode != "same_step" or not ended.size:
-            return {}
-        final = None if info is None else info.get("final_obs")
-        present = None if info is None else info.get("_final_obs")
-        finals: dict[int, dict[str, Any]] = {}
-        for env in ended.tolist():
-            entry = None
-            if final is not None and (present is None or bool(present[env])):
-                entry = final[env]
-            if entry is None:
-                rule = "holding info['final_obs'][i] for every env i that ended"
-                raise must("info", rule, f"none for env {env}")
-            param = f"info['final_obs'][{env}]"
-            got = sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__
-            if self._dict_obs != isinstance(entry, Mapping) or (
-                self._dict_obs and set(entry) != set(columns)
-            ):
-                raise must(param, f"one env's observation of fields {list(columns)}", got)
-            parts = entry if self._dict_obs else {"observation": entry}
-            finals[env] = {
-                name: column.conform(param, parts[name], per_env=True)
-                for name, column in columns.items()
-            }
-        return finals
-
     def _start(self, rows: np.ndarray, obs: dict[str, Any]) -> None:
         """Open a new episode in envs ``rows`` at their observation in ``obs``."""
         self._pages.release(rows)
@@ -436,28 +408,64 @@ class EpisodeWriter:
         schema = getattr(self._buffer, "schema", None)
         return schema if isinstance(schema, Mapping) else None
 
-    def _add(self, envs: np.ndarray, episodes: list[Episode], *, flushed: bool) -> list[int]:
-        """Offer each episode (of env ``envs[k]``) to the buffer; count stored and dropped.
+    def _steps(self) -> np.ndarray:
+        """Steps of each env's open episode: held, plus those streamed."""
+        steps: np.ndarray = self._length + self._sink.streamed
+        return steps
 
-        Raises `EpisodesNotStoredError` after the last one if any ``add`` raised.
+    def _restart(self, rows: np.ndarray) -> None:
+        """Start envs ``rows``' next episode at the observation they reached."""
+        first, current = (self._pages.slot(rows, s) for s in (0 * rows, self._length[rows]))
+        for column in (self._obs or {}).values():
+            column.move(first, current)
+        self._pages.release(rows)
+        self._length[rows] = 0
+
+    def _spill(
+        self, rows: np.ndarray, ended: np.ndarray
+    ) -> tuple[dict[int, Exception], dict[int, Episode]]:
+        """Stream the held records of the envs ``rows`` holding ``L`` that did not end.
+
+        Gathered in one indexed read per field (with the observation reached, which each env
+        then keeps alone); see `EnvStreams.spill`. Nothing to do on a whole-episode buffer.
         """
-        ids: list[int] = []
-        refused: dict[int, Exception] = {}
-        kept: dict[int, Episode] = {}
-        for index, (env, episode) in enumerate(zip(envs.tolist(), episodes, strict=True)):
-            try:
-                ids.append(self._buffer.add(episode))
-            except Exception as error:  # reported below, with the stored ids
-                refused[env], kept[env] = error, episode
-                self._counts["episodes_dropped"] += 1
-                continue
-            except BaseException:
-                self._counts["episodes_dropped"] += len(episodes) - index
-                raise
-            self._counts["episodes_added"] += 1
-            self._counts["records_added"] += len(episode)
-            self._counts["episodes_flushed"] += int(flushed)
-        if refused:
-            failure = EpisodesNotStoredError.of(ids, refused, kept, label="env")
-            raise failure from next(iter(refused.values()))
-        return ids
+        sink = self._sink
+        if not isinstance(sink, EnvStreams):
+            return {}, {}
+        rows = rows[~ended[rows]]
+        full = rows[self._length[rows] >= sink.segment_length]
+        if not full.size:
+            return {}, {}
+        counts = self._length[full]
+        slots = self._pages.spans(full, counts + 1).reshape(-1)
+        parts = {}
+        for name, column in [*(self._obs or {}).items(), *(self._fields or {}).items()]:
+            part = column.take(slots, zero_last=False)
+            parts[name] = part.reshape((full.size, -1, *part.shape[1:]))
+        finished: list[int] = []
+        try:
+            return sink.spill(full, counts, parts, set(self._fields or ()), finished, self._counts)
+        finally:
+            self._restart(np.array(finished, dtype=np.int64))
+
+    def _add(
+        self,
+        envs: np.ndarray,
+        episodes: list[Episode],
+        *,
+        flushed: bool,
+        refused: dict[int, Exception] | None = None,
+        kept: dict[int, Episode] | None = None,
+    ) -> list[int]:
+        """Store the episodes of envs ``envs`` that ended: by ``add``, or by their streams.
+
+        Raises `EpisodesNotStoredError` after the last one if any was refused, here or
+        earlier in the call (``refused``, ``kept``: see `offer`).
+        """
+        counts, sink = self._counts, self._sink
+        try:
+            return offer(
+                envs, episodes, sink.finish, counts, flushed=flushed, refused=refused, kept=kept
+            )
+        finally:
+            sink.abandon(envs.tolist())  # the streams an interrupt left open (else none)

@@ -12,6 +12,7 @@ schema from lucid_replay.
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -19,10 +20,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from lucid_replay.errors import SchemaDtypeError, SchemaError, must, wrong_kind
+from lucid_replay.errors import SchemaDtypeError, SchemaError, must, wrong_kind, wrong_type
 from lucid_replay.schema import FieldSpec, Schema, casts_same_kind
 
 __all__: list[str] = []  # internal module
+
+
+# The mode names of this package, and gymnasium's `AutoresetMode` values, to the mode.
+_MODES = {"next_step": "next_step", "same_step": "same_step", "disabled": "disabled"}
+_MODES.update({"NextStep": "next_step", "SameStep": "same_step", "Disabled": "disabled"})
+
+
+def autoreset_mode(autoreset: Any) -> str:
+    """The mode named by a string or by an enum member (gymnasium's `AutoresetMode`)."""
+    value = autoreset.value if isinstance(autoreset, enum.Enum) else autoreset
+    if not isinstance(value, str):
+        raise wrong_type("autoreset", "a str or an AutoresetMode", autoreset)
+    if value not in _MODES:
+        raise must("autoreset", "'next_step', 'same_step', 'disabled' or an AutoresetMode", value)
+    return _MODES[value]
 
 
 def _zeros(like: Any, shape: tuple[int, ...]) -> Any:
@@ -180,6 +196,15 @@ class PageTable:
         steps = np.arange(length + 1)
         return self.slot(np.full_like(steps, env), steps)
 
+    def spans(self, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Slots ``[k, W]`` of records ``0 .. counts[k] - 1`` of env ``rows[k]``.
+
+        ``counts >= 1``, ``W = max(counts)``; a shorter row repeats its last slot past
+        ``counts[k]``. One vectorised lookup for any number of envs.
+        """
+        steps = np.minimum(np.arange(int(counts.max()))[None, :], (counts - 1)[:, None])
+        return self.slot(np.broadcast_to(rows[:, None], steps.shape), steps)
+
     def reserve(self, rows: np.ndarray, steps: np.ndarray) -> bool:
         """Give env ``rows[k]`` the pages up to record ``steps[k]``; True if the pool grew."""
         needed = steps // self.page_size + 1
@@ -274,3 +299,61 @@ class Column:
         old = self.data
         self.data = _zeros(old, (slots, *old.shape[1:]))
         self.data[: old.shape[0]] = old
+
+
+def final_observations(
+    columns: dict[str, Column], dict_obs: bool, info: Mapping[str, Any] | None, ended: np.ndarray
+) -> dict[int, dict[str, Any]]:
+    """Env -> its final observation from ``info["final_obs"]`` (``"same_step"``), checked.
+
+    ``ended``: the envs whose episode ended; ``columns``: the observation fields, of a dict
+    observation if ``dict_obs``. Raises (``InvalidArgumentError``) for a missing entry, or one
+    of other fields, kind or per-env shape.
+    """
+    final = None if info is None else info.get("final_obs")
+    present = None if info is None else info.get("_final_obs")
+    finals: dict[int, dict[str, Any]] = {}
+    for env in ended.tolist():
+        entry = None
+        if final is not None and (present is None or bool(present[env])):
+            entry = final[env]
+        if entry is None:
+            rule = "holding info['final_obs'][i] for every env i that ended"
+            raise must("info", rule, f"none for env {env}")
+        param = f"info['final_obs'][{env}]"
+        got = sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__
+        if dict_obs != isinstance(entry, Mapping) or (dict_obs and set(entry) != set(columns)):
+            raise must(param, f"one env's observation of fields {list(columns)}", got)
+        parts = entry if dict_obs else {"observation": entry}
+        finals[env] = {
+            name: column.conform(param, parts[name], per_env=True)
+            for name, column in columns.items()
+        }
+    return finals
+
+
+def observation_batches(
+    observation: Any, num_envs: int, columns: dict[str, Column] | None, dict_obs: bool
+) -> dict[str, Any]:
+    """Field name -> ``[num_envs, ...]`` batch of ``observation`` (an array or a dict).
+
+    Checked against the fields ``columns`` (of a dict observation if ``dict_obs``) once the
+    first reset fixed them (else None); refused as `as_batch` refuses, for a non-str key, or
+    for other fields, per-env shapes or dtypes.
+    """
+    if isinstance(observation, Mapping):
+        obs = {}
+        for key, value in observation.items():
+            if not isinstance(key, str):
+                raise wrong_type("observation keys", "str", key)
+            obs[key] = as_batch(f"observation[{key!r}]", value, num_envs)
+    else:
+        obs = {"observation": as_batch("observation", observation, num_envs)}
+    if columns is None:
+        return obs
+    if isinstance(observation, Mapping) != dict_obs or set(obs) != set(columns):
+        raise must("observation", f"of the first reset's fields {list(columns)}", list(obs))
+    return {
+        name: column.conform(f"observation[{name!r}]" if dict_obs else name, obs[name])
+        for name, column in columns.items()
+    }

@@ -53,3 +53,16 @@ def test_released_pages_are_reused_before_the_pool_grows():
     table.release(np.array([0]))
     assert not table.reserve(np.array([1]), np.array([7]))
     assert table.num_pages == pages
+
+
+def test_spans_match_the_records_of_each_env_padded_with_its_last():
+    """spans(rows, counts) row k is slots of records 0 .. counts[k] - 1 of env rows[k], then
+    its last slot repeated up to the longest count: one lookup for every env."""
+    table = PageTable(3, 2)
+    table.reserve(np.array([0, 1, 2]), np.array([4, 1, 6]))
+    rows, counts = np.array([2, 0, 1]), np.array([7, 3, 1])
+    spans = table.spans(rows, counts)
+    assert spans.shape == (3, 7)
+    for row, count, span in zip(rows, counts, spans, strict=True):
+        own = table.episode(int(row), int(count) - 1).tolist()
+        assert span.tolist() == own + own[-1:] * (7 - int(count))
