@@ -13,6 +13,7 @@ one run; the others are read one by one (`Records.exact`).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from lucid_replay import engine
@@ -37,6 +38,8 @@ def expand_segments(
     record (``dilation * (length + bootstrap - 1)``), else ``None``.
     """
     owners, column = table.owners(), table.arrays
+    if engine.compiled(anchors.rows):
+        return _expanded_by_loop(table, anchors, size, burn_in, dilation, stop_span)
     rows = engine.tensor(anchors.rows)
     anchor = engine.tensor(anchors.steps)
     slot_of = engine.tensor(owners.slot)
@@ -89,3 +92,122 @@ def segment_of(table: EpisodeTable, rows: torch.Tensor, steps: torch.Tensor) -> 
             return current
         current = torch.where(before, prev_key[current] & mask, current)
         current = torch.where(after, next_key[current] & mask, current)
+
+
+def _expanded_by_loop(
+    table: EpisodeTable,
+    anchors: Anchors,
+    size: int,
+    burn_in: int,
+    dilation: int,
+    stop_span: int | None,
+) -> Records:
+    """`expand_segments` by `expand_segments_loop` (the same records), on CPU arrays."""
+    count = int(anchors.rows.shape[0])
+    shape = (count, size)
+    steps, rows = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64)
+    record_ids = np.empty(shape, dtype=np.int64)
+    valid, exact = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
+    is_init, terminal = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
+    first_offsets = np.empty(count, dtype=np.int64)
+    owners, column = table.owners(), table.arrays
+    expand_segments_loop(
+        np.ascontiguousarray(anchors.rows),
+        np.ascontiguousarray(anchors.steps),
+        np.ascontiguousarray(anchors.episode_ids),
+        burn_in,
+        dilation,
+        -1 if stop_span is None else stop_span,
+        table.row_count - 1,
+        column["first_step"],
+        column["length"],
+        column["prev_key"],
+        column["next_key"],
+        column["base"],
+        owners.slot,
+        owners.total,
+        owners.first_stored,
+        owners.opened,
+        owners.terminated,
+        steps,
+        rows,
+        record_ids,
+        valid,
+        exact,
+        is_init,
+        terminal,
+        first_offsets,
+    )
+    return Records(
+        first_offsets=first_offsets,
+        rows=rows,
+        episode_ids=record_ids,
+        steps=steps,
+        valid=valid,
+        is_init=is_init,
+        terminal=terminal,
+        clamped=True,
+        exact=exact,
+    )
+
+
+@engine.jit
+def expand_segments_loop(
+    anchor_rows: np.ndarray,
+    anchor_steps: np.ndarray,
+    episode_ids: np.ndarray,
+    burn_in: int,
+    dilation: int,
+    stop_span: int,
+    row_mask: int,
+    first_step: np.ndarray,
+    length: np.ndarray,
+    prev_key: np.ndarray,
+    next_key: np.ndarray,
+    base: np.ndarray,
+    slot: np.ndarray,
+    total: np.ndarray,
+    first_stored: np.ndarray,
+    opened: np.ndarray,
+    terminated: np.ndarray,
+    steps: np.ndarray,
+    rows: np.ndarray,
+    record_ids: np.ndarray,
+    valid: np.ndarray,
+    exact: np.ndarray,
+    is_init: np.ndarray,
+    terminal: np.ndarray,
+    first_offsets: np.ndarray,
+) -> None:
+    """`expand_segments`, compiled: the same records, one window at a time.
+
+    A window's records target rising steps, so each record's segment is found by walking
+    on from the previous record's (from the anchor's for the first), never back and forth.
+    ``stop_span`` is -1 unless the boundary is ``stop``.
+    """
+    size = steps.shape[1]
+    for b in range(anchor_rows.shape[0]):
+        row = anchor_rows[b]
+        owner = slot[row]
+        first, last = first_stored[owner], total[owner] - 1
+        ended = terminated[owner] and not opened[owner]
+        anchor = anchor_steps[b]
+        if stop_span >= 0:
+            overrun = max(stop_span - (last - anchor), 0)
+            anchor -= min(overrun, anchor - first)
+        first_target = anchor - burn_in * dilation
+        first_offsets[b] = base[row] + first_target
+        current, seen = row, False
+        for k in range(size):
+            target = first_target + k * dilation
+            step = min(max(target, first), last)
+            while step < first_step[current]:
+                current = prev_key[current] & row_mask
+            while step >= first_step[current] + length[current]:
+                current = next_key[current] & row_mask
+            inside = first <= target <= last
+            steps[b, k], rows[b, k], record_ids[b, k] = step, current, episode_ids[b]
+            valid[b, k], exact[b, k] = inside, inside and current == row
+            is_init[b, k] = inside and not seen
+            seen = seen or inside
+            terminal[b, k] = ended and step == last

@@ -221,10 +221,15 @@ class EpisodeStream:
                 self._host = {name: t.numpy() for name, t in self._pending.items()}
             except TypeError:
                 self._host = None
-        at = self._count
+        at, count = self._count, end - begin
+        host = self._host
+        sources = host_views_of(steps) if host is not None else None
         for name, values in steps.items():
-            self._pending[name][at : at + end - begin] = values[begin:end]
-        self._count += end - begin
+            if host is not None and sources is not None:  # numpy: one thread, no dispatch
+                host[name][at : at + count] = sources[name][begin:end]
+            else:
+                self._pending[name][at : at + count] = values[begin:end]
+        self._count += count
 
     def _commit_pending(self, core: ReplayCore, segments: Segments, slot: int) -> int | None:
         if not self._count:
@@ -334,3 +339,11 @@ def _as_steps(steps: object) -> Episode:
     if not isinstance(steps, Mapping):
         raise wrong_type("steps", "a mapping of field names to arrays", steps)
     return Episode(steps)
+
+
+def host_views_of(steps: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray] | None:
+    """Numpy views of CPU ``steps`` (the same memory), or None if one has none."""
+    try:
+        return {name: t.detach().numpy() for name, t in steps.items()}
+    except (TypeError, RuntimeError):  # a device tensor, or a dtype numpy lacks
+        return None
