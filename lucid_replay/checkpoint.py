@@ -9,8 +9,13 @@ draws without the round trip.
 A state is a dict of plain containers and CPU tensors::
 
     format, version, class, config, schema, table {first_id, next_id, oldest_offset,
-    next_offset, generation, columns}, data, counts, evicted_unsampled, episodes_retired,
-    rng, extra
+    next_offset, generation, columns[, episodes]}, data, counts, evicted_unsampled,
+    episodes_retired, rng, extra[, trees]
+
+``table.episodes`` is the episode directory of a buffer with ``segment_length``. ``trees``
+lists the cached sum trees' keys and scales: a tree's leaves depend on the scale it was
+built at, so the trees are rebuilt at those scales and draws after a load are bitwise the
+saved buffer's (files without it load; their trees are rebuilt when first drawn from).
 
 Files (version 2) add ``checksum``: the SHA-256 of every other entry in a canonical encoding,
 so that a flipped bit anywhere in the payload is refused, and are written whole or not at all
@@ -22,6 +27,7 @@ by name.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -92,6 +98,7 @@ class Snapshot:
     episodes_retired: int
     rng: torch.Tensor
     extra: dict[str, Any]
+    trees: list[tuple[int, int, float | None, float]] = attrs.field(factory=list)
 
 
 def pack(snapshot: Snapshot) -> dict[str, Any]:
@@ -123,6 +130,7 @@ def pack(snapshot: Snapshot) -> dict[str, Any]:
         "episodes_retired": snapshot.episodes_retired,
         "rng": snapshot.rng.clone(),
         "extra": dict(snapshot.extra),
+        "trees": [list(key) for key in snapshot.trees],
     }
 
 
@@ -191,6 +199,7 @@ def unpack(state: Mapping[str, Any], *, device: torch.device, capacity: int) -> 
         episodes_retired=_count("episodes_retired", state["episodes_retired"]),
         rng=rng.clone(),
         extra=dict(extra),
+        trees=_checked_trees(state.get("trees", [])),
     )
 
 
@@ -406,6 +415,29 @@ def _checked_data(data: object, schema: Schema, table: EpisodeTable) -> dict[str
                 f"got {tuple(values.shape)}"
             )
     return dict(data)
+
+
+def _checked_trees(saved: object) -> list[tuple[int, int, float | None, float]]:
+    """The saved trees' keys and scales: ``[span >= 1, extra >= 0, alpha, scale > 0]`` each.
+
+    Files written before trees were saved have none (their trees are rebuilt as needed).
+    """
+    if not isinstance(saved, list | tuple):
+        raise CheckpointError(f"checkpoint trees must be a list, got {_describe(saved)}")
+    trees = []
+    for entry in saved:
+        ok = isinstance(entry, list | tuple) and len(entry) == 4
+        span, extra, alpha, scale = entry if ok else (None, None, None, None)
+        ints = all(type(v) is int and v >= low for v, low in ((span, 1), (extra, 0)))
+        alpha_ok = alpha is None or (type(alpha) is float and math.isfinite(alpha) and alpha >= 0)
+        scale_ok = type(scale) is float and math.isfinite(scale) and scale > 0
+        if not (ok and ints and alpha_ok and scale_ok):
+            raise CheckpointError(
+                "checkpoint trees must be [span >= 1, extra >= 0, alpha, finite scale > 0] "
+                f"entries, got {entry!r}"
+            )
+        trees.append((int(span), int(extra), alpha, float(scale)))  # type: ignore[arg-type]
+    return trees
 
 
 def _count(name: str, value: object) -> int:

@@ -331,6 +331,7 @@ class ReplayCore:
             episodes_retired=int(self.sampler.episodes_retired),
             rng=self.generator.get_state(),
             extra={} if self.priorities is None else self.priorities.state(),
+            trees=self.sampler.trees.state(),
         )
 
     def restore(self, snapshot: checkpoint.Snapshot, config: dict[str, Any]) -> None:
@@ -355,7 +356,7 @@ class ReplayCore:
             priorities = self.priorities.with_state(snapshot.extra, stored)
         # Nothing below can fail on a checked snapshot: commit.
         self.store.adopt(snapshot)
-        self.sampler.adopt(snapshot.table, snapshot.episodes_retired)
+        self.sampler.adopt(snapshot.table, snapshot.episodes_retired, snapshot.trees)
         self.chunks_sampled = snapshot.counts["chunks_sampled"]
         self.generator.set_state(snapshot.rng)
         self.priorities = priorities

@@ -14,6 +14,8 @@ insert is an append; a dropped id leaves a tombstone until the next compaction):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -37,6 +39,25 @@ _COLUMNS = {
     "num_segments": (torch.int64, 0),
     "token": (torch.int64, 0),  # the stream allowed to append (see EpisodeStream)
 }
+
+
+class Owners(NamedTuple):
+    """Which episode each row belongs to, and that episode's extent (`engine` arrays).
+
+    ``slot`` and ``first_step`` are by row (the episode's directory slot, and the episode
+    step of the row's first step); the others by slot: ``total`` steps committed since step
+    0, whether the episode is still ``opened``, its ``first_stored`` step, its draw count
+    (``times``) and whether it ``terminated``. A row's steps are ``first_step ..
+    first_step + length - 1``; its episode's stored steps ``first_stored .. total - 1``.
+    """
+
+    slot: Array
+    first_step: Array
+    total: Array
+    opened: Array
+    first_stored: Array
+    times: Array
+    terminated: Array
 
 
 class EpisodeDirectory:

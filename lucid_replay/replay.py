@@ -175,18 +175,12 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
     @property
     def _next_episode_id(self) -> int:
         """The id the next episode gets (for shards that map local ids to global ones)."""
-        segments = self._core.store.segments
-        if segments is None:
-            return self._core.store.table.next_id
-        return segments.directory.next_episode_id
+        return self._core.store.next_episode_id()
 
     @property
     def num_episodes(self) -> int:
         """Stored episodes (with at least one stored step)."""
-        segments = self._core.store.segments
-        if segments is None:
-            return self._core.store.table.num_episodes
-        return int(segments.directory.stored_slots().shape[0])
+        return self._core.store.num_episodes()
 
     @property
     def episode_ids(self) -> Sequence[int]:
@@ -195,11 +189,8 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
         A contiguous ``range`` when episodes are stored whole; with ``segment_length`` a
         list ordered by each episode's oldest stored segment.
         """
-        store = self._core.store
-        if store.segments is not None:
-            with self._lock:
-                return store.segments.directory.stored_ids()
-        return range(store.table.first_id, store.table.next_id)
+        with self._lock:
+            return self._core.store.episode_ids()
 
     @property
     def schema(self) -> Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None:
@@ -393,16 +384,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
             return self._core.num_eligible(window)
 
     def _check_window(self, window: object) -> None:
-        """Refuse a non-`Window`, and ``include_reset`` on a segmented buffer."""
-        check_window(window)
-        assert isinstance(window, Window)
-        if window.boundary == "include_reset" and self._core.store.segments is not None:
-            raise must(
-                "window.boundary",
-                '"pad" or "stop" on a buffer with segment_length (episodes are streamed '
-                "in interleaved segments: there is no next stored episode to continue into)",
-                window.boundary,
-            )
+        check_window(window, segmented=self._core.store.segments is not None)
 
     def _use_priorities(self, prioritized: object) -> bool:
         """``sample_windows``' ``prioritized``: ``None`` means "if this buffer has them"."""

@@ -20,7 +20,13 @@ from lucid_replay.engine import Array
 from lucid_replay.errors import ReuseLimitError, must, must_have
 from lucid_replay.records import Anchors
 from lucid_replay.table import EpisodeTable
-from lucid_replay.trees import UNIFORM_TREE, Trees, anchors_in_rows, episode_anchors
+from lucid_replay.trees import (
+    UNIFORM_TREE,
+    TreeKeys,
+    Trees,
+    anchors_in_rows,
+    episode_anchors,
+)
 
 __all__: list[str] = []  # internal module
 
@@ -47,10 +53,10 @@ class AnchorSampler:
         self._kept_uniforms: torch.Tensor | None = None  # see `_uniforms`
         self._kept_array: Array = None
 
-    def adopt(self, table: EpisodeTable, episodes_retired: int) -> None:
-        """Follow a restored ``table`` (its trees are rebuilt on their next draw)."""
+    def adopt(self, table: EpisodeTable, episodes_retired: int, trees: TreeKeys = ()) -> None:
+        """Follow a restored ``table``; ``trees``: the saved trees' keys and scales."""
         self.table = table
-        self.trees.adopt(table)
+        self.trees.adopt(table, trees)
         self.episodes_retired.fill_(episodes_retired)
 
     # ------------------------------------------------------------------------- drawing

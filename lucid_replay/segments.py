@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,9 +30,6 @@ from lucid_replay.directory import EpisodeDirectory
 from lucid_replay.errors import UnknownEpisodeError, must, wrong_type
 from lucid_replay.records import Anchors
 from lucid_replay.seams import segment_of
-
-if TYPE_CHECKING:
-    from lucid_replay.store import EpisodeStore
 
 __all__: list[str] = []  # internal module
 
@@ -45,7 +42,7 @@ class Segments:
     Parameters
     ----------
     store
-        The store whose table has segment rows.
+        The `EpisodeStore` whose table has segment rows (typed loosely: it owns this).
     segment_length
         Steps per full segment.
     priority_unit
@@ -55,9 +52,7 @@ class Segments:
         The sampler's unit (``"episode"`` rows share their episode's mass).
     """
 
-    def __init__(
-        self, store: EpisodeStore, segment_length: int, priority_unit: str, unit: str
-    ) -> None:
+    def __init__(self, store: Any, segment_length: int, priority_unit: str, unit: str) -> None:
         self.store = store
         self.segment_length = segment_length
         self.priority_unit = priority_unit
@@ -67,7 +62,7 @@ class Segments:
 
     @property
     def directory(self) -> EpisodeDirectory:
-        directory = self.store.table.directory
+        directory: EpisodeDirectory | None = self.store.table.directory
         assert directory is not None  # a segmented store's table has one
         return directory
 
@@ -105,6 +100,7 @@ class Segments:
             priority = float(directory.host["priority"][slot])
         previous = directory.get("last_key", slot)
         key, row = table.append_segment(slot, first_step, length, priority, previous)
+        key = int(key)
         directory.set("total", slot, first_step + length)
         directory.set("last_key", slot, key)
         if directory.get("num_segments", slot) == 0:

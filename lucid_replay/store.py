@@ -9,7 +9,7 @@ recompute is reported to ``on_change`` (the sampler's `AnchorSampler.mark_dirty`
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -168,6 +168,24 @@ class EpisodeStore:
         self.evicted_unsampled = snapshot.evicted_unsampled
 
     # --------------------------------------------------------------------------- lookups
+    def num_episodes(self) -> int:
+        """Stored episodes (with a stored step)."""
+        if self.segments is None:
+            return self.table.num_episodes
+        return int(self.segments.directory.stored_slots().shape[0])
+
+    def episode_ids(self) -> Sequence[int]:
+        """Stored episode ids, oldest first (a ``range`` for whole episodes)."""
+        if self.segments is None:
+            return range(self.table.first_id, self.table.next_id)
+        return self.segments.directory.stored_ids()
+
+    def next_episode_id(self) -> int:
+        """The id the next episode gets."""
+        if self.segments is None:
+            return self.table.next_id
+        return self.segments.directory.next_episode_id
+
     def stored_id(self, episode_id: object) -> int:
         """``episode_id`` as an int if it is stored; `UnknownEpisodeError` otherwise."""
         if self.segments is not None:

@@ -12,13 +12,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from lucid_replay import engine
-from lucid_replay.directory import EpisodeDirectory
+from lucid_replay.directory import EpisodeDirectory, Owners
 from lucid_replay.engine import Array
 from lucid_replay.segment_checks import SEGMENT_COLUMNS, checked_directory
 from lucid_replay.table_checks import checked_table_state
@@ -26,25 +25,6 @@ from lucid_replay.table_checks import checked_table_state
 __all__: list[str] = []  # internal module
 
 _INITIAL_TABLE_SLOTS = 1024
-
-
-class Owners(NamedTuple):
-    """Which episode each row belongs to, and that episode's extent (`engine` arrays).
-
-    ``slot`` and ``first_step`` are by row (the episode's directory slot, and the episode
-    step of the row's first step); the others by slot: ``total`` steps committed since step
-    0, whether the episode is still ``opened``, its ``first_stored`` step, its draw count
-    (``times``) and whether it ``terminated``. A row's steps are ``first_step ..
-    first_step + length - 1``; its episode's stored steps ``first_stored .. total - 1``.
-    """
-
-    slot: Array
-    first_step: Array
-    total: Array
-    opened: Array
-    first_stored: Array
-    times: Array
-    terminated: Array
 
 
 class EpisodeTable:

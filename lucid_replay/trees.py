@@ -24,19 +24,23 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from lucid_replay import engine, sum_tree
+from lucid_replay.directory import Owners
 from lucid_replay.engine import Array
-from lucid_replay.table import EpisodeTable, Owners
+from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module
 
 _MAX_TREES = 8  # distinct spans kept at once; the least recently used tree is dropped beyond
 _TOTAL_RANGE = (2.0**-700, 2.0**700)  # leaves <= n_e <= 2**62 each after a rescale
 UNIFORM_TREE = np.empty(0, dtype=np.float64)  # a loop's optional priority input, absent
+# Cached trees as a checkpoint keeps them: (span, extra, alpha, scale), least recent first.
+TreeKeys = Sequence[tuple[int, int, float | None, float]]
 
 
 def eligible_anchors(lengths: Array, span: int) -> Array:
@@ -104,10 +108,25 @@ class Trees:
         """Memory held by the cached trees (for reporting)."""
         return sum(t.nodes.numel() * t.nodes.element_size() for t in self._trees.values())
 
-    def adopt(self, table: EpisodeTable) -> None:
-        """Follow a restored ``table`` (its trees are rebuilt on their next use)."""
+    def adopt(self, table: EpisodeTable, saved: TreeKeys = ()) -> None:
+        """Follow a restored ``table``, rebuilding the ``saved`` trees at their scales.
+
+        A tree's leaves depend on its scale (the largest eligible priority when it was
+        built, kept since): rebuilt at the saved scale, in the saved order, the trees and
+        so the draws after a load are bitwise those of the buffer that was saved.
+        """
         self.table = table
         self.invalidate()
+        for span, extra, alpha, scale in saved:
+            self._trees[(span, extra, alpha)] = self._build(span, extra, alpha, scale)
+
+    def state(self) -> list[tuple[int, int, float | None, float]]:
+        """The cached trees' keys and scales, least recently used first (see `adopt`)."""
+        return [
+            (span, extra, alpha, tree.scale)
+            for (span, extra, alpha), tree in self._trees.items()
+            if not tree.stale
+        ]
 
     def invalidate(self) -> None:
         """Forget every tree (after the table was reshaped or reloaded)."""
@@ -168,9 +187,17 @@ class Trees:
             return -math.inf
         return math.log(total) + (0.0 if alpha is None else alpha * math.log(cached.scale))
 
-    def _build(self, span: int, extra: int, alpha: float | None) -> sum_tree.CachedTree:
-        """A tree over every row, scaled by the largest eligible priority (O(E))."""
+    def _build(
+        self, span: int, extra: int, alpha: float | None, scale: float | None = None
+    ) -> sum_tree.CachedTree:
+        """A tree over every row, scaled by the largest eligible priority (O(E)).
+
+        ``scale``: a given scale instead (a restored tree's).
+        """
         rows = engine.view(torch.arange(self.table.row_count, device=self.table.device))
+        if scale is not None:
+            leaves = engine.tensor(self.leaf_values(rows, span, alpha, scale, extra))
+            return sum_tree.CachedTree(sum_tree.build(leaves), scale)
         scale = 1.0
         if alpha is not None:
             eligible = self.leaf_values(rows, span, None, 1.0, extra) > 0

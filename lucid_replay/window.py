@@ -150,10 +150,21 @@ class Window:
         return (record >= self.burn_in) & (record < self.burn_in + self.length)
 
 
-def check_window(window: object) -> None:
-    """Refuse anything that is not a `Window`."""
+def check_window(window: object, *, segmented: bool = False) -> None:
+    """Refuse anything that is not a `Window`, and ``include_reset`` on ``segmented`` buffers.
+
+    A segmented buffer stores episodes as interleaved segments: there is no next stored
+    episode for ``include_reset`` to continue into.
+    """
     if not isinstance(window, Window):
         raise wrong_kind("window", "a Window", type(window).__name__)
+    if segmented and window.boundary == "include_reset":
+        raise must(
+            "window.boundary",
+            '"pad" or "stop" on a buffer with segment_length (its episodes are stored as '
+            "interleaved segments: there is no next stored episode to continue into)",
+            window.boundary,
+        )
 
 
 class Layout(NamedTuple):

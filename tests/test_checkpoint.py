@@ -233,7 +233,9 @@ def test_state_dict_layout_is_pinned_key_by_key(kind):
         "episodes_retired",
         "rng",
         "extra",
+        "trees",
     }
+    assert state["trees"] == [[2, 0, None, 1.0]]  # span, extra, alpha, scale of each tree
     assert (state["format"], state["version"], state["class"]) == (
         "lucid_replay.buffer",
         2,
@@ -550,6 +552,8 @@ def _broken_states() -> dict[str, tuple[object, str, str | None]]:
         ),
     }
     for key in source.state_dict():
+        if key == "trees":  # optional: files written before it load (trees rebuilt)
+            continue
         if f"missing-{key}" not in cases:
             cases[f"missing-{key}"] = (delete_key(key), _COMPLETE.format(key), None)
     return cases
@@ -876,3 +880,26 @@ def test_failed_save_keeps_the_previous_file_and_no_temporary(tmp_path, monkeypa
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer.pt"]
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("segment_length", [None, 3])
+def test_a_load_rebuilds_the_sum_trees_bitwise_at_their_saved_scales(segment_length) -> None:
+    """A tree's leaves are ``(p / scale) ** alpha``: rebuilt at another scale (the largest
+    priority at load time) they would differ in their last bits, and so could draws."""
+    from lucid_replay import Episode, PrioritizedSequenceReplay
+
+    buffer = PrioritizedSequenceReplay(
+        capacity=100, alpha=0.7, seed=0, segment_length=segment_length
+    )
+    for length in (5, 7, 9):
+        buffer.add(Episode({"x": torch.arange(length)}))
+    buffer.sample_prioritized(4, 2)  # builds the tree at scale 1 (every priority is 1)
+    buffer.update_priorities(list(buffer.episode_ids), [0.3, 0.1, 0.7])
+    live = buffer._core.sampler.trees.cached(2, 0.7)
+    loaded = PrioritizedSequenceReplay(capacity=100, alpha=0.7, segment_length=segment_length)
+    loaded.load_state_dict(buffer.state_dict())
+    rebuilt = loaded._core.sampler.trees.cached(2, 0.7)
+    assert rebuilt.scale == live.scale == 1.0
+    assert torch.equal(rebuilt.nodes, live.nodes)
+    fresh = loaded._core.sampler.trees._build(2, 0, 0.7)  # what a load rebuilt before
+    assert fresh.scale != live.scale and not torch.equal(fresh.nodes, live.nodes)

@@ -330,3 +330,250 @@ def test_trees_kept_current_through_appends_closes_evictions_and_updates(kind, c
             if isinstance(buffer, PrioritizedSequenceReplay):
                 assert torch.equal(mine.weights, theirs.weights)
                 buffer.update_priorities_from(mine, torch.rand(3) * 4)
+
+
+# -------------------------------------------------------------------- priorities by segment
+def test_segment_priorities_ids_batches_and_routing() -> None:
+    buffer = PrioritizedSequenceReplay(
+        capacity=24, segment_length=4, seed=1, priority_unit="segment", alpha=1.0
+    )
+    first, second = buffer.open_episode(), buffer.open_episode()
+    assert first.append({"x": torch.arange(8)}) == [0, 1]
+    assert second.append({"x": torch.arange(5)}) == [2]
+    assert first.append({"x": torch.arange(8, 12)}) == [3]  # ids in commit order
+    buffer.update_priorities([1, 3], [5.0, 2.0])
+    assert buffer.max_priority == pytest.approx(5.0 + buffer.epsilon)
+    assert second.append({"x": torch.arange(5, 8)}) == [4]  # a new segment: the maximum
+    assert buffer.priorities[4] == pytest.approx(5.0 + buffer.epsilon)
+    batch = buffer.sample_prioritized(64, 2)
+    assert batch.priority_unit == "segment" and torch.equal(batch.indices, batch.segment_ids)
+    assert not torch.equal(batch.indices, batch.episode_ids)
+    window = Window(2, burn_in=1, bootstrap=1)
+    batch = buffer.sample_windows(32, window)
+    before = buffer.priorities.clone()
+    errors = torch.zeros(32, window.size)
+    errors[:, 1] = 7.0  # the learning region's first record
+    assert buffer.update_priorities_from(batch, errors, eta=1.0) == len(
+        set(batch.segment_ids.tolist())
+    )
+    touched = sorted(set(batch.segment_ids.tolist()))
+    after = buffer.priorities
+    for segment in range(5):
+        expected = 7.0 + buffer.epsilon if segment in touched else float(before[segment])
+        assert float(after[segment]) == pytest.approx(expected)
+    buffer.add(Episode({"x": torch.arange(20)}))  # evicts segments 0 .. 4
+    assert buffer.update_priorities([0, 1, 6], [1.0, 1.0, 1.0]) == 1  # stale ids skipped
+    with pytest.raises(ValueError, match="an issued segment id"):
+        buffer.update_priorities([10], [1.0])
+
+
+def test_episode_priorities_are_shared_by_an_episodes_segments_and_a_new_one_gets_the_max() -> None:
+    buffer = PrioritizedSequenceReplay(capacity=100, segment_length=3, seed=0)
+    stream = buffer.open_episode()
+    stream.append({"x": torch.arange(7)})
+    buffer.update_priorities([0], [3.0])
+    stream.append({"x": torch.arange(7, 12)})  # its later segments share its priority
+    state = buffer.state_dict()["table"]["columns"]
+    stored = state["episode_id"][:4]
+    assert stored.tolist() == [0, 1, 2, 3]
+    assert torch.allclose(
+        state["priority"][:4], torch.full((4,), 3.0 + buffer.epsilon, dtype=torch.float64)
+    )
+    other = buffer.open_episode()
+    other.append({"x": torch.arange(3)})  # a new episode: the largest priority ever set
+    assert buffer.priorities.tolist() == pytest.approx([3.0 + buffer.epsilon] * 2)
+    batch = buffer.sample_prioritized(8, 2)
+    assert torch.equal(batch.indices, batch.episode_ids)
+
+
+# ------------------------------------------------------------------------- refusals
+def test_constructor_refusals() -> None:
+    with pytest.raises(ValueError, match="segment_length must be"):
+        SequenceReplay(capacity=10, segment_length=11)
+    with pytest.raises(ValueError, match="segment_length must be"):
+        SequenceReplay(capacity=10, segment_length=0)
+    with pytest.raises(TypeError, match="segment_length"):
+        SequenceReplay(capacity=10, segment_length=True)
+    with pytest.raises(ValueError, match="priority_unit must be"):
+        PrioritizedSequenceReplay(capacity=10, priority_unit="segment")
+    with pytest.raises(ValueError, match="priority_unit must be"):
+        PrioritizedSequenceReplay(
+            capacity=10, segment_length=2, unit="episode", priority_unit="segment"
+        )
+    with pytest.raises(ValueError, match="priority_unit must be one of"):
+        PrioritizedSequenceReplay(capacity=10, segment_length=2, priority_unit="step")
+
+
+def test_streaming_on_a_whole_episode_buffer_says_to_set_segment_length() -> None:
+    buffer = SequenceReplay(capacity=10)
+    with pytest.raises(ValueError, match="segment_length must be set"):
+        buffer.open_episode()
+    with pytest.raises(ValueError, match="segment_length must be set"):
+        buffer.resume_episode(0)
+    assert buffer.open_episode_ids == [] and buffer.segment_length is None
+
+
+def _refused(buffer, stream, call, error, match) -> None:
+    before = (comparable(buffer.state_dict()), buffer.stats(), stream.pending)
+    with pytest.raises(error, match=match):
+        call()
+    assert (comparable(buffer.state_dict()), buffer.stats(), stream.pending) == before
+
+
+def test_refused_appends_and_closes_change_nothing() -> None:
+    buffer = SequenceReplay(capacity=10, segment_length=4)
+    stream = buffer.open_episode()
+    stream.append({"x": torch.arange(6), "y": torch.zeros(6, 2)})
+    cases = [
+        (lambda: stream.append({"x": torch.arange(3)}), ValueError, "y"),
+        (lambda: stream.append({"x": torch.arange(3.0), "y": torch.zeros(3, 2)}), TypeError, "x"),
+        (lambda: stream.append({"x": torch.arange(3), "y": torch.zeros(3, 3)}), ValueError, "y"),
+        (
+            lambda: stream.append({"x": torch.arange(11), "y": torch.zeros(11, 2)}),
+            ValueError,
+            "at most capacity",
+        ),
+        (
+            lambda: stream.append({"x": torch.arange(0), "y": torch.zeros(0, 2)}),
+            ValueError,
+            "must be >= 1",
+        ),
+        (lambda: stream.append([1, 2]), TypeError, "steps must be a mapping"),
+        (lambda: stream.close(terminated=1), TypeError, "terminated must be a bool"),
+    ]
+    for call, error, match in cases:
+        _refused(buffer, stream, call, error, match)
+    stream.close(terminated=False)
+    for call in (
+        lambda: stream.append({"x": torch.arange(2), "y": torch.zeros(2, 2)}),
+        lambda: stream.flush(),
+        lambda: stream.close(terminated=True),
+    ):
+        _refused(buffer, stream, call, ValueError, "closed")
+    with pytest.raises(ValueError, match="an open episode"):
+        buffer.resume_episode(stream.episode_id)
+    with pytest.raises(KeyError, match="never issued"):
+        buffer.resume_episode(7)
+    with pytest.raises(KeyError, match="never issued"):
+        buffer.episode_info(7)
+    assert True not in buffer
+
+
+def test_add_of_an_episode_longer_than_capacity_stays_refused() -> None:
+    buffer = SequenceReplay(capacity=10, segment_length=4)
+    with pytest.raises(ValueError, match="capacity"):
+        buffer.add(make_episode(11))
+    assert buffer.stats()["episodes_added"] == 0 and buffer.open_episode_ids == []
+
+
+def test_a_resumed_episode_supersedes_its_earlier_stream() -> None:
+    buffer = SequenceReplay(capacity=20, segment_length=4)
+    old = buffer.open_episode()
+    old.append({"x": torch.arange(3)})
+    new = buffer.resume_episode(old.episode_id)
+    _refused(buffer, old, lambda: old.append({"x": torch.arange(1)}), ValueError, "superseded")
+    new.append({"x": torch.arange(4)})
+    assert buffer[old.episode_id]["x"].tolist() == [0, 1, 2, 3]  # the old stream's 3 were its own
+
+
+# ------------------------------------------------------------------------ checkpoints
+@pytest.mark.parametrize("kind", [SequenceReplay, PrioritizedSequenceReplay])
+def test_a_checkpoint_keeps_open_episodes_and_a_resumed_stream_continues_exactly(
+    kind, tmp_path
+) -> None:
+    rng = np.random.default_rng(3)
+
+    def run(buffer, streams, rounds):
+        for _ in range(rounds):
+            which = int(rng.integers(len(streams)))
+            streams[which].append({"x": torch.arange(int(rng.integers(1, 7)))})
+            if isinstance(buffer, PrioritizedSequenceReplay) and buffer.num_eligible(Window(2)):
+                batch = buffer.sample_prioritized(4, 2)
+                buffer.update_priorities(batch.indices, torch.from_numpy(rng.random(4)))
+
+    buffer = kind(capacity=30, segment_length=4, seed=2)
+    streams = [buffer.open_episode() for _ in range(3)]
+    run(buffer, streams, 20)
+    for stream in streams:
+        stream.flush()  # pending steps are the caller's
+    streams[1].close(terminated=True)
+    path = tmp_path / "open.lucid"
+    buffer.save(path)
+    loaded = kind.load(path)
+    assert loaded.open_episode_ids == buffer.open_episode_ids == [0, 2]
+    for episode_id in buffer.episode_ids:
+        assert loaded.episode_info(episode_id) == buffer.episode_info(episode_id)
+    rng_state = rng.bit_generator.state
+    mine = [buffer.resume_episode(i) for i in (0, 2)]
+    theirs = [loaded.resume_episode(i) for i in (0, 2)]
+    run(buffer, mine, 15)
+    rng.bit_generator.state = rng_state
+    run(loaded, theirs, 15)
+    assert comparable(loaded.state_dict()) == comparable(buffer.state_dict())
+    assert torch.equal(loaded.sample(5, 2)["x"], buffer.sample(5, 2)["x"])
+
+
+def _tampered(state: dict, path: tuple, value) -> dict:
+    import copy
+
+    state = copy.deepcopy(state)
+    target = state
+    for key in path[:-1]:
+        target = target[key]
+    if callable(value):
+        target[path[-1]] = value(target[path[-1]])
+    else:
+        target[path[-1]] = value
+    return state
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("table", "episodes", "next_episode_id"), 1),
+        (("table", "episodes", "columns", "total"), lambda t: t + 1),
+        (("table", "episodes", "columns", "first_stored"), lambda t: t - 1),
+        (("table", "episodes", "columns", "num_segments"), lambda t: t + 1),
+        (("table", "episodes", "columns", "opened"), lambda t: torch.ones_like(t)),
+        (("table", "episodes", "columns", "episode_id"), lambda t: t.flip(0)),
+        (("table", "episodes", "columns", "priority"), lambda t: -t),
+        (("table", "columns", "slot"), lambda t: torch.where(t >= 0, t.flip(0).clamp_min(0), t)),
+        (("table", "columns", "first_step"), lambda t: t + 1),
+        (("table", "columns", "next_key"), lambda t: torch.full_like(t, -1)),
+        (("table", "columns", "prev_key"), lambda t: t + 1),
+        (("table", "columns", "base"), lambda t: t + 1),
+        (("table", "columns", "slot"), lambda t: t.to(torch.int32)),
+        (("table", "episodes"), None),
+        (("table", "episodes", "columns"), {}),
+    ],
+)
+def test_crafted_segment_checkpoints_are_refused_and_change_nothing(path, value) -> None:
+    from lucid_replay import CheckpointError
+
+    buffer = SequenceReplay(capacity=30, segment_length=4, seed=0)
+    streams = [buffer.open_episode() for _ in range(2)]
+    for piece in range(6):
+        streams[piece % 2].append({"x": torch.arange(5)})
+    streams[1].close(terminated=True)
+    state = buffer.state_dict()
+    if path == ("table", "episodes") and value is None:
+        state = _tampered(
+            state, ("table",), lambda t: {k: v for k, v in t.items() if k != "episodes"}
+        )
+    else:
+        state = _tampered(state, path, value)
+    target = SequenceReplay(capacity=30, segment_length=4, seed=0)
+    target.add(Episode({"x": torch.arange(3)}))
+    before = comparable(target.state_dict())
+    with pytest.raises(CheckpointError):
+        target.load_state_dict(state)
+    assert comparable(target.state_dict()) == before
+
+
+def test_a_whole_episode_checkpoint_is_refused_by_a_segmented_buffer() -> None:
+    from lucid_replay import CheckpointError
+
+    whole = SequenceReplay(capacity=30)
+    whole.add(Episode({"x": torch.arange(3)}))
+    with pytest.raises(CheckpointError):
+        SequenceReplay(capacity=30, segment_length=4).load_state_dict(whole.state_dict())
