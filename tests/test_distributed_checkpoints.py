@@ -321,6 +321,22 @@ BAD_MANIFESTS = [
     ("schema", _set("control", "schema", value={"x": 5}), r"control\['schema'\]: schema\['x'\]"),
     ("noted", _set("control", "noted", 1, value=[0, 1]), r"control\['noted'\]\[1\] must be \["),
     ("lost", _set("control", "lost", 0, value=None), r"control\['lost'\]\[0\] must hold"),
+    (
+        "segment starts",
+        _set("control", "segments", 1, "starts", value=[2]),
+        r"control\['segments'\]\[1\]\['starts'\] must start at 0",
+    ),
+    (
+        "segment marks",
+        _set("control", "segments", 0, value={"starts": [0]}),
+        r"control\['segments'\]\[0\] must hold 'starts', 'issued' and 'noted'",
+    ),
+    ("segment_length 0", _set("config", "segment_length", value=0), "segment_length must be >="),
+    (
+        "priority_unit",
+        _set("config", "priority_unit", value="segment"),
+        r"config: priority_unit must be \"episode\" unless segment_length is set",
+    ),
     ("cursor 'x'", _set("cursor", value="x"), "manifest cursor must be an int >= 0, got 'x'"),
     ("cursor -1", _set("cursor", value=-1), "manifest cursor must be an int >= 0, got -1"),
     ("no cursor", _drop("cursor"), r"got none for \['cursor'\]"),
@@ -334,6 +350,25 @@ BAD_MANIFESTS = [
     ("file name", _set("shards", 1, "file", value="../x"), r"\['file'\] must be 'shard_1.g1"),
     ("digest", _set("shards", 0, "sha256", value="zz"), r"\['sha256'\] must be 64 hex digits"),
 ]
+
+
+def test_a_manifest_written_before_segments_loads_as_a_replay_without_them(tmp_path):
+    """A manifest without segment_length, priority_unit and segment marks (as saved before
+    streamed segments) loads: whole episodes, segment marks those of its episode ids."""
+    replay = _saved(tmp_path)
+
+    def older(manifest: Manifest) -> None:
+        for key in ("segment_length", "priority_unit"):
+            del manifest["config"][key]
+        del manifest["control"]["segments"]
+
+    _rewrite(tmp_path, older)
+    loaded = ShardedReplay.load(tmp_path)
+    assert loaded.segment_length is None and loaded.priority_unit == "episode"
+    marks = loaded._control.target.state()["segments"]
+    assert [m["noted"] for m in marks] == [2, 2]
+    got, expected = (r.sample_windows(8, Window(3)) for r in (loaded, replay))
+    assert torch.equal(got.episode_ids, expected.episode_ids)
 
 
 @pytest.mark.parametrize(

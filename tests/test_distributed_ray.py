@@ -259,6 +259,45 @@ def test_a_ray_sampler_waiting_on_min_size_draws_once_a_remote_insert_is_stored(
     replay.close()
 
 
+def _continue_stream(stream, steps: dict[str, torch.Tensor]) -> int:
+    """A task continuing an open stream handed over to it (pickled with its pending steps)."""
+    stream.append(steps)
+    stream.close(terminated=True)
+    return stream.episode_id
+
+
+def _stream_one(client: ShardedReplay, length: int) -> tuple[int, list[int]]:
+    """A collector task streaming one episode in pieces through its copy of the client."""
+    stream = client.open_episode()
+    steps, committed = make_episode(length).steps, []
+    for begin in range(0, length, 3):
+        committed += stream.append({n: t[begin : begin + 3] for n, t in steps.items()})
+    stream.close(terminated=False)
+    return stream.episode_id, committed
+
+
+def test_ray_streams_cross_processes_and_batches_carry_global_segment_ids(cluster):
+    """A segmented Ray replay: a task streams an episode through its copy of the client,
+    an open stream pickled to a task continues it (pending steps included), and batches
+    from the shard processes carry global segment ids of the episodes' shards."""
+    replay = ShardedReplay.create(2, 400, seed=3, backend="ray", segment_length=4)
+    episode = make_episode(15)
+    stream = replay.open_episode()
+    assert stream.append({n: t[:6] for n, t in episode.steps.items()}) and stream.pending == 2
+    rest = {n: t[6:] for n, t in episode.steps.items()}
+    handed = ray.get(ray.remote(_continue_stream).remote(stream, rest))
+    assert handed == stream.episode_id
+    info = replay.episode_info(handed)
+    assert (info.total_length, info.num_segments, info.is_open) == (15, 4, False)
+    episode_id, committed = ray.get(ray.remote(_stream_one).remote(replay, 13))
+    assert {i >> 55 for i in committed} == {episode_id >> 55} and len(committed) == 3
+    assert replay.episode_info(episode_id).total_length == 13
+    batch = replay.sample_windows(64, WINDOW)
+    assert torch.equal(batch.segment_ids >> 55, batch.episode_ids >> 55)
+    assert set(batch.episode_ids.tolist()) == {handed, episode_id}
+    replay.close()
+
+
 def test_the_distributed_r2d2_example_trains_end_to_end(cluster, monkeypatch):
     """examples/distributed_r2d2.py: a collector actor, a shard and the learner run a few
     hundred steps under the rate limiter and leave a trained network (a smoke run)."""

@@ -241,6 +241,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if manifest.get("checksum") != _checksum(manifest):
         raise CheckpointError("manifest checksum must match its contents, got a mismatch")
     manifest_checks.check(manifest)
+    manifest["config"] = manifest_checks.with_defaults(manifest["config"])
     return manifest
 
 

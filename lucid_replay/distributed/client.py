@@ -20,6 +20,7 @@ import lucid_replay.distributed.settings as settings
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.checks import check_device, check_float, check_int
 from lucid_replay.distributed.control import summary
+from lucid_replay.distributed.episode_streams import ShardedStreams
 from lucid_replay.distributed.limiter import RateLimiterConfig
 from lucid_replay.distributed.stream import BatchStream
 from lucid_replay.episode import Episode
@@ -32,7 +33,7 @@ __all__ = ["ShardedReplay"]
 _MAX_PREFETCH = 2**16
 
 
-class ShardedReplay:
+class ShardedReplay(ShardedStreams):
     r"""A prioritized sequence replay split over shards, drawing exactly what one buffer would.
 
     Build it with `create` (or `load`). Each shard is a `PrioritizedSequenceReplay` of
@@ -50,6 +51,10 @@ class ShardedReplay:
     batch (the guide "Scaling out" derives it). Episode ids pack the shard, its
     incarnation and the shard's own id (`lucid_replay.distributed.ids`), so they never
     repeat, also across shard restarts.
+
+    With ``segment_length``, `open_episode` streams an episode onto one shard, chosen
+    round robin when it is opened (`lucid_replay.distributed.episode_streams`); batches
+    then carry global ``segment_ids``, encoded as episode ids are.
 
     A Ray client pickles: tasks and actors on any node `add` through their copy (and
     `EpisodeWriter` takes it as its buffer). A copy draws its own shard labels.
@@ -79,7 +84,8 @@ class ShardedReplay:
         self._beta = float(config["beta"])
         self._rng = np.random.default_rng(settings.coordinator_seed(config["seed"]))
         self._cursor = 0
-        self._issued: list[tuple[int, int, list[int]] | None] = [None] * len(shards)
+        self._issued: list[Any] = [None] * len(shards)  # marks: see routing.check_issued
+        self._issued_segments: list[Any] = [None] * len(shards)
         self._schema: Schema | None = None
         self._global_max = 1.0
         self._skipped = 0
@@ -103,6 +109,8 @@ class ShardedReplay:
         backend: str = "ray",
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int | None = None,
+        segment_length: int | None = None,
+        priority_unit: str = "episode",
     ) -> ShardedReplay:
         """Start ``num_shards`` shards of ``capacity // num_shards`` transitions each.
 
@@ -130,13 +138,21 @@ class ShardedReplay:
             Restart files never replace the files a `save` into the same directory binds.
         checkpoint_every
             Each shard writes its restart file after every ``checkpoint_every`` episodes it
-            stored (``None``: only when `save` writes into ``checkpoint_dir``).
+            stored (``None``: only when `save` writes into ``checkpoint_dir``); a streamed
+            episode counts when it is closed.
+        segment_length, priority_unit
+            As `PrioritizedSequenceReplay`, for every shard (``1 <= segment_length <=``
+            a shard's capacity): episodes are stored in segments and can be streamed
+            (`open_episode`), each onto one shard. ``priority_unit="segment"`` keys
+            priorities by global segment id (batch ``segment_ids``, `update_priorities`).
 
         Raises
         ------
         InvalidArgumentError
             For a value out of range (``capacity < num_shards``, an unknown ``unit`` or
-            ``backend``, ``checkpoint_every`` without ``checkpoint_dir``, ...).
+            ``backend``, ``checkpoint_every`` without ``checkpoint_dir``, a
+            ``segment_length`` beyond a shard's capacity, ``priority_unit="segment"``
+            without ``segment_length`` or with ``unit="episode"``, ...).
         TypeError
             For a ``rate_limiter`` of another type, or a non-integer count.
 
@@ -158,6 +174,8 @@ class ShardedReplay:
             backend=backend,
             checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every,
+            segment_length=segment_length,
+            priority_unit=priority_unit,
         )
         return cls._start(config, None, None)
 
@@ -339,6 +357,8 @@ class ShardedReplay:
     def update_priorities(self, indices: Any, errors: Any) -> int:
         """Set priorities of global ids ``indices`` to ``|errors| + epsilon``, routed by id.
 
+        Episode ids, or segment ids under ``priority_unit="segment"`` (``batch.indices``).
+
         Evicted ids and ids lost with a shard's earlier incarnation are skipped (counted in
         ``stats()["priority_updates_skipped"]``); duplicates take the max. Returns how many
         distinct episodes were applied. The maximum priority stays global: new episodes on
@@ -440,3 +460,4 @@ class ShardedReplay:
         self._rng = np.random.default_rng()  # a copy draws its own labels
         self._cursor = int(self._rng.integers(self._config["num_shards"]))
         self._issued = [None] * len(self._shards)
+        self._issued_segments = [None] * len(self._shards)

@@ -10,7 +10,10 @@ one Ray actor (threaded, so that a blocked insert never holds up a sample) for
   to the incarnation that issued them), the range of local ids each replaced incarnation
   actually issued (``issued``: ``[first, end)``, its end being the ``next_id`` it had
   reported when it was replaced), and the highest id and transition counters the running
-  incarnation reported, from which a restart counts what was lost.
+  incarnation reported, from which a restart counts what was lost;
+* the same marks for each shard's segment ids (``segments``: its table's row keys, which a
+  buffer with ``segment_length`` issues per committed segment), so that global segment ids
+  are encoded, routed and refused exactly as episode ids (`lucid_replay.distributed.ids`).
 
 Reports from shards (`note`) carry cumulative counters of one incarnation and are applied as
 maxima, so they may arrive in any order.
@@ -44,6 +47,8 @@ class Control:
         # Per shard, for its running incarnation: [next_id, transitions added, evicted].
         self._noted: list[list[int]] = [[0, 0, 0] for _ in range(num_shards)]
         self._lost = [{"episodes": 0, "transitions": 0} for _ in range(num_shards)]
+        # Per shard, the segment ids' starts, replaced ranges and last reported next id.
+        self._segments: list[dict[str, Any]] = [_segment_marks() for _ in range(num_shards)]
 
     # ------------------------------------------------------------------------ limiter
     def try_acquire(self, n: int, inserting: bool, wait_s: float | None) -> bool:
@@ -72,14 +77,15 @@ class Control:
 
     # ------------------------------------------------------------------ incarnations
     def join(
-        self, shard: int, restarted: bool, counters: tuple[int, int, int]
-    ) -> tuple[int, list[int], list[list[int]]]:
-        """A shard (re)starting with ``counters`` = (next_id, added, evicted) restored.
+        self, shard: int, restarted: bool, counters: tuple[int, ...]
+    ) -> tuple[int, list[int], list[list[int]], list[int], list[list[int]]]:
+        """A shard (re)starting with ``counters`` = (next_id, added, evicted, next segment).
 
         Returns its incarnation, the starts of every incarnation and the issued ranges of
-        the replaced ones. A restart opens a new incarnation from the restored ``next_id``,
-        closes the previous one's range at the ``next_id`` it last reported (every id it
-        handed out was reported first: `note`), and counts what the restored state lacks.
+        the replaced ones, then the same two for its segment ids. A restart opens a new
+        incarnation from the restored ``next_id`` (and next segment id), closes the previous
+        one's range at the ``next_id`` it last reported (every id it handed out was reported
+        first: `note`), and counts what the restored state lacks.
         """
         with self._lock:
             starts = self._starts[shard]
@@ -89,33 +95,37 @@ class Control:
                         f"shard {shard} restarts must be < {ids.MAX_INCARNATIONS}, got "
                         f"{len(starts)}: its ids have no incarnation bits left"
                     )
-                next_id, added, evicted = counters
+                next_id, added, evicted = counters[:3]
                 last_id, last_added, last_evicted = self._noted[shard]
                 lost_episodes = max(last_id - next_id, 0)
                 lost = (last_added - last_evicted) - (added - evicted)
-                self._issued[shard].append([starts[-1], max(last_id, starts[-1])])
                 self._lost[shard]["episodes"] += lost_episodes
                 self._lost[shard]["transitions"] += max(lost, 0)
                 self.limiter.release(deletes=lost)
-                # Ids at or above the restored next_id were lost, whichever incarnation issued
-                # them: no range may reach past it (an older checkpoint than the last start).
-                starts[:] = [min(start, next_id) for start in starts]
-                starts.append(next_id)
-            self._noted[shard] = list(counters)
-            return len(starts) - 1, list(starts), [list(r) for r in self._issued[shard]]
+                _restart(starts, self._issued[shard], last_id, next_id)
+                segments = self._segments[shard]  # the same marks for its segment ids
+                _restart(segments["starts"], segments["issued"], segments["noted"], counters[3])
+            segments = self._segments[shard]
+            segments["noted"] = counters[3]
+            self._noted[shard] = list(counters[:3])
+            issued = [list(r) for r in self._issued[shard]]
+            segment_ranges = [list(r) for r in segments["issued"]]
+            return len(starts) - 1, list(starts), issued, list(segments["starts"]), segment_ranges
 
-    def note(self, shard: int, incarnation: int, counters: tuple[int, int, int]) -> None:
-        """A shard's cumulative (next_id, added, evicted); evictions count as deletes.
+    def note(self, shard: int, incarnation: int, counters: tuple[int, ...]) -> None:
+        """A shard's cumulative (next_id, added, evicted, next segment id).
 
-        A shard reports new ids before it hands them out, so that the end of what an
-        incarnation issued is known when it is replaced.
+        Evictions count as deletes. A shard reports new ids before it hands them out, so
+        that the end of what an incarnation issued is known when it is replaced.
         """
         with self._lock:
             if incarnation != len(self._starts[shard]) - 1:
                 return  # a report of an incarnation already replaced
             noted = self._noted[shard]
             evicted = counters[2] - noted[2]
-            self._noted[shard] = [max(a, b) for a, b in zip(noted, counters, strict=True)]
+            self._noted[shard] = [max(a, b) for a, b in zip(noted, counters[:3], strict=True)]
+            segments = self._segments[shard]
+            segments["noted"] = max(segments["noted"], counters[3])
         if evicted > 0:
             self.limiter.release(deletes=evicted)
 
@@ -130,6 +140,7 @@ class Control:
                 "issued": [[list(r) for r in ranges] for ranges in self._issued],
                 "noted": [list(n) for n in self._noted],
                 "lost": [dict(lost) for lost in self._lost],
+                "segments": [_segment_marks(**marks) for marks in self._segments],
             }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -137,7 +148,8 @@ class Control:
 
         A state saved before issued ranges were kept has none: each replaced incarnation is
         then taken to have issued every local id from its start on (its ids past the next
-        start count as lost, never as refused).
+        start count as lost, never as refused). A state saved before segment marks were
+        kept is of a replay without segments, whose segment ids are its episode ids.
         """
         with self._lock:
             self.limiter.restore(state["limiter"])
@@ -150,6 +162,37 @@ class Control:
                 self._issued = [[[s, unbounded] for s in starts[:-1]] for starts in self._starts]
             self._noted = [list(n) for n in state["noted"]]
             self._lost = [dict(lost) for lost in state["lost"]]
+            if "segments" in state:
+                self._segments = [_segment_marks(**marks) for marks in state["segments"]]
+            else:
+                self._segments = [
+                    _segment_marks(starts, issued, noted[0])
+                    for starts, issued, noted in zip(
+                        self._starts, self._issued, self._noted, strict=True
+                    )
+                ]
+
+
+def _segment_marks(
+    starts: list[int] | None = None, issued: list[list[int]] | None = None, noted: int = 0
+) -> dict[str, Any]:
+    """A shard's segment-id marks (copies): starts, replaced ranges, last reported next id."""
+    return {
+        "starts": [0] if starts is None else list(starts),
+        "issued": [] if issued is None else [list(r) for r in issued],
+        "noted": int(noted),
+    }
+
+
+def _restart(starts: list[int], issued: list[list[int]], last: int, restored: int) -> None:
+    """Open an incarnation from ``restored``; close the last one's range at ``last``.
+
+    Ids at or above ``restored`` were lost, whichever incarnation issued them: no start may
+    lie past it (a restart from an older checkpoint than the last start).
+    """
+    issued.append([starts[-1], max(last, starts[-1])])
+    starts[:] = [min(start, restored) for start in starts]
+    starts.append(restored)
 
 
 def summary(

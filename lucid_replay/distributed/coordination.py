@@ -54,7 +54,8 @@ def complete(replay: Any, pending: draw.Pending, target: torch.device) -> Batch 
     spec = pending.spec
     tensors = transport.merge(pending.pieces, pending.destinations, spec.batch_size, target)
     weights = draw.weights(pending, pending.exponent) if spec.prioritized else None
-    return transport.build(tensors, weights, target, chunks=spec.chunks)
+    unit = replay._config["priority_unit"]
+    return transport.build(tensors, weights, target, chunks=spec.chunks, priority_unit=unit)
 
 
 def acquire(

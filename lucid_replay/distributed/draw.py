@@ -91,6 +91,14 @@ def check(infos: list[dict[str, Any]], spec: Spec, reuse_limit: int | None) -> N
         longest = max(info["longest"] for info in infos)
         if longest < span:
             raise must(spec.what, f"<= the longest stored episode ({longest} steps)", span)
+        if not any(info.get("eligible", True) for info in infos):  # open episodes too short
+            need = spec.window.open_anchor_span
+            raise must_have(
+                spec.what,
+                f"a span that open episodes' committed steps hold ({need} steps with the "
+                "bootstrap records)",
+                f"{longest} committed steps at most",
+            )
     if reuse_limit is not None:
         left = sum(info["draws_left"] for info in infos)
         if left < spec.batch_size:

@@ -7,8 +7,11 @@ manifest with a `CheckpointError` that names the entry (``manifest config: alpha
 `ShardedReplay.load` never fails with a `TypeError` or `KeyError` halfway through, nor
 starts a shard from a state it would refuse later.
 
-Entries: ``config`` (what `ShardedReplay.create` checked), ``control`` (the rate limiter's
-counters, the schema, each shard's incarnations, issued ranges, last reports and losses),
+Entries: ``config`` (what `ShardedReplay.create` checked; ``segment_length`` and
+``priority_unit`` may be missing, from a manifest written before streamed segments: see
+`with_defaults`), ``control`` (the rate limiter's counters, the schema, each shard's
+incarnations, issued ranges, last reports and losses, and, where saved, the same marks of
+its segment ids under ``segments``),
 ``rng`` (numpy PCG64 state), ``beta``, ``cursor``, ``max_priority``,
 ``priority_updates_skipped`` and, from version 2 on, ``generation`` and ``shards`` (each
 shard file's name, SHA-256 and size).
@@ -50,7 +53,11 @@ CONFIG_KEYS = (
     "backend",
     "checkpoint_dir",
     "checkpoint_every",
+    "segment_length",
+    "priority_unit",
 )
+# Keys a manifest written before streamed segments lacks, and what they were then.
+CONFIG_DEFAULTS = {"segment_length": None, "priority_unit": "episode"}
 _CONTROL_KEYS = ("limiter", "schema", "starts", "noted", "lost")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -81,10 +88,16 @@ def check(manifest: dict[str, Any]) -> None:
         check_shards(manifest["shards"], num_shards, generation)
 
 
+def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the keys an older manifest lacks, at the values they had then."""
+    return {**CONFIG_DEFAULTS, **config}
+
+
 def check_config(config: Any) -> int:
     """Refuse a configuration `ShardedReplay.create` would not have made; its shard count."""
     if not isinstance(config, dict):
         raise CheckpointError(f"manifest config must be a mapping, got {_shown(config)}")
+    config = with_defaults(config)
     missing = [key for key in CONFIG_KEYS if key not in config]
     extra = sorted(set(config) - set(CONFIG_KEYS))
     if missing or extra:
@@ -138,24 +151,17 @@ def check_control(control: Any, num_shards: int, version: int) -> None:
     lost = _per_shard(control, "lost", num_shards)
     ranges = version >= 2 or "issued" in control  # none in a manifest of the first version
     issued = _per_shard(control, "issued", num_shards) if ranges else None
+    segments = _per_shard(control, "segments", num_shards) if "segments" in control else None
     for k in range(num_shards):
         _check_shard_control(k, starts[k], noted[k], lost[k], None if issued is None else issued[k])
+        if segments is not None:
+            _check_segment_marks(k, segments[k], len(starts[k]))
 
 
 def _check_shard_control(
     k: int, starts: Any, noted: Any, lost: Any, issued: list[Any] | None
 ) -> None:
-    name = f"control['starts'][{k}]"
-    if not isinstance(starts, list) or not 1 <= len(starts) <= ids.MAX_INCARNATIONS:
-        raise CheckpointError(
-            f"manifest {name} must be a list of 1 to {ids.MAX_INCARNATIONS} ids, got "
-            f"{_shown(starts)}"
-        )
-    values = [
-        _count(f"{name}[{r}]", start, maximum=ids.MAX_LOCAL) for r, start in enumerate(starts)
-    ]
-    if values[0] != 0 or any(a > b for a, b in itertools.pairwise(values)):
-        raise CheckpointError(f"manifest {name} must start at 0 and never decrease, got {values}")
+    values = _check_starts(f"control['starts'][{k}]", starts)
     name = f"control['noted'][{k}]"
     if not isinstance(noted, list) or len(noted) != 3:
         raise CheckpointError(
@@ -173,13 +179,50 @@ def _check_shard_control(
         )
     for key, value in lost.items():
         _count(f"{name}[{key!r}]", value)
-    if issued is None:
-        return
-    name = f"control['issued'][{k}]"
-    if not isinstance(issued, list) or len(issued) != len(values) - 1:
+    if issued is not None:
+        _check_ranges(f"control['issued'][{k}]", issued, len(values) - 1)
+
+
+def _check_segment_marks(k: int, marks: Any, incarnations: int) -> None:
+    """A shard's segment-id marks: as many starts as incarnations, ranges, the last report."""
+    name = f"control['segments'][{k}]"
+    if not isinstance(marks, dict) or sorted(marks) != ["issued", "noted", "starts"]:
+        raise CheckpointError(
+            f"manifest {name} must hold 'starts', 'issued' and 'noted', got {_shown(marks)}"
+        )
+    values = _check_starts(f"{name}['starts']", marks["starts"])
+    if len(values) != incarnations:
+        raise CheckpointError(
+            f"manifest {name}['starts'] must have one start per incarnation ({incarnations}), "
+            f"got {values}"
+        )
+    _check_ranges(f"{name}['issued']", marks["issued"], incarnations - 1)
+    noted = _count(f"{name}['noted']", marks["noted"])
+    if noted < values[-1]:
+        raise CheckpointError(f"manifest {name}['noted'] must be >= {values[-1]}, got {noted}")
+
+
+def _check_starts(name: str, starts: Any) -> list[int]:
+    """The first local id of each incarnation: from 0, never decreasing."""
+    if not isinstance(starts, list) or not 1 <= len(starts) <= ids.MAX_INCARNATIONS:
+        raise CheckpointError(
+            f"manifest {name} must be a list of 1 to {ids.MAX_INCARNATIONS} ids, got "
+            f"{_shown(starts)}"
+        )
+    values = [
+        _count(f"{name}[{r}]", start, maximum=ids.MAX_LOCAL) for r, start in enumerate(starts)
+    ]
+    if values[0] != 0 or any(a > b for a, b in itertools.pairwise(values)):
+        raise CheckpointError(f"manifest {name} must start at 0 and never decrease, got {values}")
+    return values
+
+
+def _check_ranges(name: str, issued: Any, replaced: int) -> None:
+    """A ``[first, end]`` pair per replaced incarnation."""
+    if not isinstance(issued, list) or len(issued) != replaced:
         raise CheckpointError(
             f"manifest {name} must hold a [first, end] pair per replaced incarnation "
-            f"({len(values) - 1}), got {_shown(issued)}"
+            f"({replaced}), got {_shown(issued)}"
         )
     for r, pair in enumerate(issued):
         if not isinstance(pair, list) or len(pair) != 2:

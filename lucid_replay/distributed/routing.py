@@ -3,7 +3,9 @@
 Adds go to the shards in turn, one call per shard per `extend`, after the limiter admitted
 their transitions; what each shard stored counts towards what samplers wait on once it
 replied, what a shard refused is given back. Priority updates are checked whole, routed by
-id, and the maximum priority is kept global.
+id, and the maximum priority is kept global. Under ``priority_unit="segment"`` the ids are
+global segment ids, encoded, checked and routed as episode ids are, against each shard's
+marks of its segment ids.
 
 An update is refused, on every shard, if any id is one no shard issued: negative, of a shard
 the replay does not have, of an incarnation that has not started, or outside what its
@@ -46,7 +48,7 @@ def update(replay: Any, indices: Any, errors: Any) -> int:
         raise must("errors", f"as long as indices ({id_values.size})", values.size)
     settings.check_errors(values, replay.epsilon)
     with replay._lock:  # one update at a time: marks, counters and the maximum
-        shard_of = check_issued(replay, id_values)
+        shard_of = check_issued(replay, id_values, segments=replay.priority_unit == "segment")
         shards = replay._shards
         futures = [
             shards[k].update.remote(id_values[shard_of == k], values[shard_of == k])
@@ -63,33 +65,39 @@ def update(replay: Any, indices: Any, errors: Any) -> int:
     return int(applied)
 
 
-def check_issued(replay: Any, global_ids: np.ndarray) -> np.ndarray:
-    """Each id's shard, after refusing any id no shard has issued (marks refreshed once)."""
+def check_issued(replay: Any, global_ids: np.ndarray, *, segments: bool = False) -> np.ndarray:
+    """Each id's shard, after refusing any id no shard has issued (marks refreshed once).
+
+    ``segments``: the ids are segment ids (checked against the shards' segment marks).
+    """
+    marks = replay._issued_segments if segments else replay._issued
     shard, incarnation, local = ids.decode(global_ids)
-    bad = _never_issued(replay, global_ids, shard, incarnation, local)
+    bad = _never_issued(marks, replay.num_shards, global_ids, shard, incarnation, local)
     if bad.any():  # marks may be stale: ask those shards once
         suspects = np.unique(shard[bad & (global_ids >= 0) & (shard < replay.num_shards)])
-        futures = [replay._shards[k].issued.remote() for k in suspects.tolist()]
+        futures = [replay._shards[k].issued.remote(segments) for k in suspects.tolist()]
         for k, mark in zip(suspects.tolist(), calls.get(futures), strict=True):
-            replay._issued[k] = mark
-        bad = _never_issued(replay, global_ids, shard, incarnation, local)
+            marks[k] = mark
+        bad = _never_issued(marks, replay.num_shards, global_ids, shard, incarnation, local)
     if bad.any():
         at = int(np.flatnonzero(bad)[0])
-        raise must(f"indices[{at}]", "an issued episode id of this replay", int(global_ids[at]))
+        what = "segment" if segments else "episode"
+        raise must(f"indices[{at}]", f"an issued {what} id of this replay", int(global_ids[at]))
     return shard
 
 
 def _never_issued(
-    replay: Any,
+    marks: list[Mark | None],
+    num_shards: int,
     global_ids: np.ndarray,
     shard: np.ndarray,
     incarnation: np.ndarray,
     local: np.ndarray,
 ) -> np.ndarray:
-    bad: np.ndarray = (global_ids < 0) | (shard >= replay.num_shards)
+    bad: np.ndarray = (global_ids < 0) | (shard >= num_shards)
     for k in np.unique(shard[~bad]).tolist():
         mine = (shard == k) & ~bad
-        mark: Mark | None = replay._issued[k]
+        mark: Mark | None = marks[k]
         if mark is None:
             bad |= mine
             continue
@@ -103,10 +111,13 @@ def _never_issued(
 
 def from_batch(replay: Any, batch: Any, errors: Any, *, eta: float, mask: Any) -> int:
     """`ShardedReplay.update_priorities_from`."""
-    episode_ids, values, per_record = batch_errors(batch, errors, eta=eta, mask=mask)
+    by_segment = replay.priority_unit == "segment"
+    anchor_ids, values, per_record = batch_errors(
+        batch, errors, eta=eta, mask=mask, by_segment=by_segment
+    )
     if not per_record:
-        return update(replay, episode_ids, values)
-    return update(replay, episode_ids.cpu(), values.cpu())
+        return update(replay, anchor_ids, values)
+    return update(replay, anchor_ids.cpu(), values.cpu())
 
 
 def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:
@@ -124,12 +135,26 @@ def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:
     return int(sum(calls.get(futures)))
 
 
-def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
-    """`ShardedReplay.extend`: every episode checked, then one call per shard in parallel."""
-    if replay._schema is None and episodes:
+def known_schema(replay: Any) -> Schema | None:
+    """The replay's schema, asked of the control until the first stored steps fixed one."""
+    if replay._schema is None:
         known = calls.get(replay._control.schema.remote())
         replay._schema = None if known is None else Schema.from_state(known)
-    settings.check_episodes(episodes, replay._schema, replay.shard_capacity)
+    schema: Schema | None = replay._schema
+    return schema
+
+
+def agree_schema(replay: Any, schema: Schema) -> Schema:
+    """Propose ``schema`` as the replay's (the first proposal wins); the replay's schema."""
+    agreed = Schema.from_state(calls.get(replay._control.propose_schema.remote(schema.to_state())))
+    replay._schema = agreed
+    return agreed
+
+
+def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
+    """`ShardedReplay.extend`: every episode checked, then one call per shard in parallel."""
+    schema = known_schema(replay) if episodes else replay._schema
+    settings.check_episodes(episodes, schema, replay.shard_capacity)
     if not episodes:
         return []
     lengths = np.array([len(e) for e in episodes], dtype=np.int64)

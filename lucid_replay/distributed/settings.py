@@ -25,8 +25,9 @@ from lucid_replay.distributed.limiter import (
     check_limiter,
 )
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must, wrong_kind, wrong_type
+from lucid_replay.errors import must, must_have, wrong_kind, wrong_type
 from lucid_replay.schema import Schema
+from lucid_replay.segments import PRIORITY_UNITS
 
 __all__: list[str] = []  # internal module
 
@@ -53,6 +54,9 @@ def checked(**arguments: Any) -> dict[str, Any]:
     directory, every = checked_checkpoints(
         arguments["checkpoint_dir"], arguments["checkpoint_every"]
     )
+    segment_length, priority_unit = checked_segments(
+        arguments["segment_length"], arguments["priority_unit"], capacity // num_shards, unit
+    )
     return {
         "num_shards": num_shards,
         "shard_capacity": capacity // num_shards,
@@ -66,7 +70,31 @@ def checked(**arguments: Any) -> dict[str, Any]:
         "backend": arguments["backend"],
         "checkpoint_dir": directory,
         "checkpoint_every": every,
+        "segment_length": segment_length,
+        "priority_unit": priority_unit,
     }
+
+
+def checked_segments(
+    segment_length: Any, priority_unit: Any, shard_capacity: int, unit: str
+) -> tuple[int | None, str]:
+    """``segment_length`` (``1 ..`` a shard's capacity, or None) and ``priority_unit``.
+
+    As `PrioritizedSequenceReplay` checks them, against one shard's capacity.
+    """
+    if segment_length is not None:
+        segment_length = check_int(
+            "segment_length", segment_length, minimum=1, maximum=shard_capacity
+        )
+    if priority_unit not in PRIORITY_UNITS:
+        raise must("priority_unit", f"one of {PRIORITY_UNITS}", priority_unit)
+    if priority_unit == "segment" and (segment_length is None or unit != "chunk"):
+        raise must_have(
+            "priority_unit",
+            '"episode" unless segment_length is set and unit="chunk"',
+            f'"segment" with segment_length={segment_length}, unit={unit!r}',
+        )
+    return segment_length, str(priority_unit)
 
 
 def checked_checkpoints(directory: Any, every: Any) -> tuple[str | None, int | None]:
@@ -94,6 +122,8 @@ def shard_settings(config: dict[str, Any], index: int, replay: str) -> dict[str,
         "max_times_sampled": config["max_times_sampled"],
         "checkpoint_dir": config["checkpoint_dir"],
         "checkpoint_every": config["checkpoint_every"],
+        "segment_length": config["segment_length"],
+        "priority_unit": config["priority_unit"],
         "replay": replay,
     }
 

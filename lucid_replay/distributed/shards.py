@@ -12,6 +12,10 @@ a refused load writes nothing. The constructor also runs when Ray restarts a dea
 then reloads its own restart file (or the file it was loaded from) and joins as a new
 incarnation at once, so the ids it issues from then on differ from those of the episodes lost
 with the previous incarnation.
+
+A shard whose buffer has ``segment_length`` also keeps the streams of its open episodes
+(`lucid_replay.distributed.shard_streams`), and its segment ids are global too: encoded as
+episode ids are, from the starts of its segment ids' incarnations.
 """
 
 from __future__ import annotations
@@ -27,16 +31,20 @@ import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.checkpoints as checkpoints
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.transport as transport
-from lucid_replay import files
+from lucid_replay import engine, files
 from lucid_replay.distributed.hooks import ShardHooks
+from lucid_replay.distributed.shard_streams import ShardStreams
+from lucid_replay.episode import Episode
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.schema import Schema
+from lucid_replay.streams import EpisodeStream
+from lucid_replay.trees import episode_anchors
 from lucid_replay.window import Window
 
 __all__: list[str] = []  # internal module
 
 
-class ReplayShard:
+class ReplayShard(ShardStreams):
     """Shard ``index`` of a replay configured by ``settings`` (see `ShardedReplay.create`).
 
     Parameters
@@ -45,8 +53,9 @@ class ReplayShard:
         The shard's number, ``0 .. num_shards - 1``.
     settings
         ``capacity`` (of this shard), ``alpha``, ``beta``, ``epsilon``, ``unit``, ``seed``,
-        ``max_times_sampled``, ``checkpoint_dir``, ``checkpoint_every`` and ``replay`` (the
-        running replay's identity, written into its restart files).
+        ``max_times_sampled``, ``checkpoint_dir``, ``checkpoint_every``,
+        ``segment_length``, ``priority_unit`` and ``replay`` (the running replay's
+        identity, written into its restart files).
     control
         Handle of the replay's `Control`, or the name of its Ray actor.
     restore_path
@@ -77,11 +86,16 @@ class ReplayShard:
             unit=settings["unit"],
             seed=settings["seed"],
             max_times_sampled=settings["max_times_sampled"],
+            segment_length=settings.get("segment_length"),
+            priority_unit=settings.get("priority_unit", "episode"),
         )
         self.hooks = ShardHooks(self.buffer)
         self.restore_path = restore_path
         self.incarnation, self.starts = 0, [0]
         self.ranges: list[list[int]] = []  # [first, end) issued by each replaced incarnation
+        self.segment_starts: list[int] = [0]  # the same two for its segment ids
+        self.segment_ranges: list[list[int]] = []
+        self.streams: dict[int, tuple[int, EpisodeStream]] = {}  # open: see ShardStreams
         self.adds_since_checkpoint = 0
         if restarted is None:
             restarted = calls.restarted_actor()
@@ -124,20 +138,41 @@ class ReplayShard:
 
     def _join(self, *, restarted: bool) -> None:
         joined = calls.get(self.control.join.remote(self.index, restarted, self._counters()))
-        self.incarnation, self.starts, self.ranges = joined
+        self.incarnation, self.starts, self.ranges, self.segment_starts, self.segment_ranges = (
+            joined
+        )
 
     # ------------------------------------------------------------------------ helpers
     def _restart_path(self) -> Path | None:
         directory = self.settings["checkpoint_dir"]
         return None if directory is None else checkpoints.restart_path(directory, self.index)
 
-    def _counters(self) -> tuple[int, int, int]:
-        stats = self.buffer.stats()
-        next_id = self.buffer._next_episode_id
-        return next_id, stats["transitions_added"], stats["transitions_evicted"]
+    def _counters(self) -> tuple[int, int, int, int]:
+        """``(next episode id, transitions added, evicted, next segment id)``."""
+        buffer = self.buffer
+        with buffer._lock:
+            store = buffer._core.store
+            counts = store.counts
+            next_id, next_segment = buffer._next_episode_id, store.table.next_id
+            return next_id, counts["transitions_added"], counts["transitions_evicted"], next_segment
 
     def _global(self, local: np.ndarray) -> np.ndarray:
         return ids.encode(self.index, ids.incarnation_of(local, self.starts), local)
+
+    def _global_segments(self, local: np.ndarray) -> np.ndarray:
+        return ids.encode(self.index, ids.incarnation_of(local, self.segment_starts), local)
+
+    def _agree_schema(self, episodes: list[Episode]) -> None:
+        """Refuse what the replay's schema refuses; the first episode proposes it."""
+        store = self.buffer._core.store
+        if store.schema is None and episodes:
+            for episode in episodes:  # refuse what the replay's schema refuses
+                store.checked_schema(episode, None)
+            proposed = episodes[0].schema.to_state()
+            agreed = calls.get(self.control.propose_schema.remote(proposed))
+            schema = Schema.from_state(agreed)
+            for episode in episodes:
+                store.checked_schema(episode, schema)
 
     def _report(self, *, wait: bool = False) -> None:
         """Tell the control about new ids and evictions (``wait``: for its reply)."""
@@ -149,22 +184,18 @@ class ReplayShard:
     def add(self, packed: list[tuple[dict[str, Any], bool]]) -> np.ndarray:
         """Store episodes (all checked first, also against the replay's schema); global ids."""
         episodes = [transport.unpack_episode(p) for p in packed]
-        store = self.buffer._core.store
-        if store.schema is None and episodes:
-            for episode in episodes:  # refuse what the replay's schema refuses
-                store.checked_schema(episode, None)
-            proposed = episodes[0].schema.to_state()
-            agreed = calls.get(self.control.propose_schema.remote(proposed))
-            schema = Schema.from_state(agreed)
-            for episode in episodes:
-                store.checked_schema(episode, schema)
+        self._agree_schema(episodes)
         local = np.asarray(self.buffer.extend(episodes), dtype=np.int64)
         self._report(wait=True)  # the control knows every id before anyone gets one
-        self.adds_since_checkpoint += len(episodes)
+        self._stored(len(episodes))
+        return ids.encode(self.index, np.full_like(local, self.incarnation), local)
+
+    def _stored(self, episodes: int) -> None:
+        """Count ``episodes`` stored (added, or streamed and closed) towards a checkpoint."""
+        self.adds_since_checkpoint += episodes
         every = self.settings["checkpoint_every"]
         if every is not None and self.adds_since_checkpoint >= every:
             self.checkpoint()
-        return ids.encode(self.index, np.full_like(local, self.incarnation), local)
 
     # ------------------------------------------------------------------------- drawing
     def info(self, window: Window, prioritized: bool) -> dict[str, Any]:
@@ -172,12 +203,18 @@ class ReplayShard:
         buffer = self.buffer
         with buffer._lock:
             table = buffer._core.store.table
-            lengths = table.length[table.stored_rows()]
+            slots, owners = table.stored_slots(), table.owners()
+            first, total = engine.tensor(owners.first_stored), engine.tensor(owners.total)
+            at = engine.tensor(slots)
+            lengths = total[at] - first[at]  # each stored episode's stored steps
+            extra = window.open_anchor_span - window.anchor_span
+            anchors = engine.tensor(episode_anchors(owners, slots, window.anchor_span, extra))
             return {
                 "log_mass": self.hooks.log_mass(window, prioritized=prioritized),
                 "draws_left": self.hooks.draws_left(window),
                 "episodes": buffer.num_episodes,
                 "longest": int(lengths.max()) if lengths.numel() else 0,
+                "eligible": bool((anchors > 0).any()),  # reuse limit aside
             }
 
     def draw(self, count: int, window: Window, prioritized: bool, chunks: bool) -> dict[str, Any]:
@@ -201,6 +238,8 @@ class ReplayShard:
         for key in transport.ID_KEYS:
             if key in packed:
                 packed[key] = self._global(packed[key])
+        if transport.SEGMENT_KEY in packed:
+            packed[transport.SEGMENT_KEY] = self._global_segments(packed[transport.SEGMENT_KEY])
         if self._counters()[2] != evicted:  # retired episodes reclaimed
             self._report()
         return {
@@ -214,14 +253,21 @@ class ReplayShard:
     def update(self, global_ids: np.ndarray, errors: np.ndarray) -> tuple[int, float | None, int]:
         """Route checked ids of this shard: ``(applied, largest priority, skipped entries)``.
 
-        Ids of episodes lost with an earlier incarnation, or evicted, are skipped.
+        Ids of episodes (segments, under ``priority_unit="segment"``) lost with an earlier
+        incarnation, or evicted, are skipped.
         """
         _, incarnation, local = ids.decode(global_ids)
-        next_id = self.buffer._next_episode_id
-        live = ids.issued_by(incarnation, local, self.starts, next_id)
         with self.buffer._lock:
-            table = self.buffer._core.store.table
-            stored = live & table.is_stored(torch.from_numpy(local)).numpy()
+            store = self.buffer._core.store
+            if self.buffer._core.priority_unit == "segment":
+                starts, next_id = self.segment_starts, store.table.next_id
+            else:
+                starts, next_id = self.starts, self.buffer._next_episode_id
+            live = ids.issued_by(incarnation, local, starts, next_id)
+            if store.segments is not None and self.buffer._core.priority_unit == "episode":
+                stored = live & (store.segments.directory.slots_of(local) >= 0)
+            else:
+                stored = live & store.table.is_stored(torch.from_numpy(local)).numpy()
             applied, largest = self.hooks.update(local[live], errors[live])
         return applied, largest, int((~stored).sum())
 
@@ -262,8 +308,15 @@ class ReplayShard:
         self.buffer.anneal_beta(fraction, final)
 
     # ----------------------------------------------------------------------- reporting
-    def issued(self) -> tuple[int, int, list[int], list[list[int]]]:
-        """``(incarnation, next local id, starts, issued ranges of replaced incarnations)``."""
+    def issued(self, segments: bool = False) -> tuple[int, int, list[int], list[list[int]]]:
+        """``(incarnation, next local id, starts, issued ranges of replaced incarnations)``.
+
+        Of its episode ids, or of its segment ids (``segments``).
+        """
+        if segments:
+            ranges = [list(r) for r in self.segment_ranges]
+            next_id = self._counters()[3]
+            return self.incarnation, next_id, list(self.segment_starts), ranges
         ranges = [list(r) for r in self.ranges]
         return self.incarnation, self.buffer._next_episode_id, list(self.starts), ranges
 
@@ -284,6 +337,8 @@ class ReplayShard:
             "incarnation": self.incarnation,
             "starts": list(self.starts),
             "issued": [list(r) for r in self.ranges],
+            "segment_starts": list(self.segment_starts),
+            "segment_issued": [list(r) for r in self.segment_ranges],
             "replay": self.settings["replay"],
             "generation": generation,
         }

@@ -24,6 +24,7 @@ _DATA = "data."
 _WINDOW_KEYS = (*PER_RECORD, "episode_ids", "anchor_steps")
 _CHUNK_KEYS = ("episode_ids", "starts")
 ID_KEYS = ("episode_ids", "record_episode_ids")  # local ids on a shard, global once packed
+SEGMENT_KEY = "segment_ids"  # batches of buffers with segment_length: global once packed
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray | torch.Tensor:
@@ -37,7 +38,12 @@ def _host(tensor: torch.Tensor) -> np.ndarray | torch.Tensor:
 
 def pack_episode(episode: Episode) -> tuple[dict[str, Any], bool]:
     """An episode as ``(name -> array, terminated)``."""
-    return {name: _host(t) for name, t in episode.steps.items()}, episode.terminated
+    return pack_steps(episode.steps), episode.terminated
+
+
+def pack_steps(steps: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """Steps (name -> tensor ``[n, ...]``) as name -> array, for a stream's append."""
+    return {name: _host(t) for name, t in steps.items()}
 
 
 def unpack_episode(packed: tuple[Mapping[str, Any], bool]) -> Episode:
@@ -52,6 +58,8 @@ def pack_batch(batch: Batch | WindowBatch) -> Packed:
     packed: Packed = {f"{_DATA}{name}": _host(t) for name, t in batch.data.items()}
     for key in keys:
         packed[key] = getattr(batch, key).cpu().numpy()
+    if batch.segment_ids is not None:
+        packed[SEGMENT_KEY] = batch.segment_ids.cpu().numpy()
     return packed
 
 
@@ -93,23 +101,32 @@ def build(
     target: torch.device,
     *,
     chunks: bool,
+    priority_unit: str = "episode",
 ) -> Batch | WindowBatch:
-    """The core's batch value of merged ``tensors`` (and float32 ``weights``) on ``target``."""
+    """The core's batch value of merged ``tensors`` (and float32 ``weights``) on ``target``.
+
+    ``segment_ids`` are kept where the pieces had them; ``priority_unit`` is what the
+    `PrioritizedBatch.indices` of a prioritized chunk draw are.
+    """
     if weights is not None:
         tensors["weights"] = torch.from_numpy(weights)
     tensors = _moved(tensors, target)
     data = {k[len(_DATA) :]: v for k, v in tensors.items() if k.startswith(_DATA)}
+    segment_ids = tensors.get(SEGMENT_KEY)
     if chunks:
         if weights is None:
-            return Batch(data, tensors["episode_ids"], tensors["starts"])
+            return Batch(data, tensors["episode_ids"], tensors["starts"], segment_ids=segment_ids)
         return PrioritizedBatch(
             data=data,
             episode_ids=tensors["episode_ids"],
             starts=tensors["starts"],
             weights=tensors["weights"],
+            segment_ids=segment_ids,
+            priority_unit=priority_unit,
         )
     return WindowBatch(
         data=data,
         weights=tensors.get("weights"),
+        segment_ids=segment_ids,
         **{key: tensors[key] for key in _WINDOW_KEYS},
     )

@@ -1,0 +1,368 @@
+"""Streamed episodes through a `ShardedReplay` client: `ShardedEpisodeStream`.
+
+On a replay created with ``segment_length=L``, `ShardedReplay.open_episode` picks the
+episode's shard (round robin, with the cursor `ShardedReplay.add` uses), which issues its
+global id; every segment of the episode is stored on that shard (section 9 of the spec: the
+cross-shard law of section 8 is unchanged, since a shard's segments are draws of its own
+buffer). The client stream holds the fewer than ``L`` steps not yet committed, in memory of
+its own, and sends the shard whole segments: one call per `append` that completes at least
+one segment (none for one that does not), one per `flush` and `close`. The shard commits
+exactly the segments a single buffer commits for the same steps in any pieces
+(`lucid_replay.distributed.shard_streams`).
+
+Rate limiting: steps count as inserts, in transitions, when they are sent to be committed
+(whole segments by `append`, the rest by `flush` or `close`), and as stored once the shard
+replied, exactly as `ShardedReplay.add` counts an episode; steps still pending in a stream
+count nowhere. So an `append` that completes a segment may wait for the limiter (its
+``timeout``), and one that does not never waits.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.coordination as coordination
+import lucid_replay.distributed.ids as ids
+import lucid_replay.distributed.routing as routing
+import lucid_replay.distributed.settings as settings
+import lucid_replay.distributed.transport as transport
+from lucid_replay.episode import Episode
+from lucid_replay.errors import UnknownEpisodeError, must, must_have, wrong_type
+from lucid_replay.streams import EpisodeInfo
+
+# Internal: reached through `ShardedReplay.open_episode` (exporting the class from
+# lucid_replay.distributed needs a reference page entry for it).
+__all__: list[str] = []
+
+
+class ShardedEpisodeStream:
+    """Appends the steps of one open episode to its shard of a `ShardedReplay`.
+
+    Made by `ShardedReplay.open_episode` or `ShardedReplay.resume_episode`, never directly.
+    As `EpisodeStream`: every ``segment_length`` appended steps are committed as one
+    segment, visible to draws (on the episode's shard) when `append` returns; fewer wait in
+    this object until the next `append`, a `flush` or `close`. One stream per thread; a
+    refused call changes nothing (the pending steps included).
+
+    A stream of a Ray-backed replay pickles (with its pending steps), so a Ray task or
+    actor can continue it: write through one copy at a time.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from lucid_replay.distributed import ShardedReplay
+    >>> replay = ShardedReplay.create(2, 200, segment_length=4, backend="local")
+    >>> stream = replay.open_episode()
+    >>> committed = stream.append({"obs": torch.arange(6.0)})  # one segment, 2 steps pending
+    >>> len(committed), stream.pending, len(replay)
+    (1, 2, 4)
+    >>> stream.close(terminated=True)
+    >>> replay.episode_info(stream.episode_id).total_length
+    6
+    >>> replay.close()
+    """
+
+    def __init__(self, replay: Any, episode_id: int, handle: int) -> None:
+        self._replay = replay
+        self._episode_id = int(episode_id)
+        self._shard = int(ids.decode(np.asarray([episode_id]))[0][0])
+        self._handle = handle
+        self._pending: dict[str, torch.Tensor] = {}
+        self._count = 0
+        self._closed = False
+        self._guard = threading.Lock()  # one call at a time on one stream
+
+    @property
+    def episode_id(self) -> int:
+        """The episode's global id, issued by its shard when it was opened."""
+        return self._episode_id
+
+    @property
+    def pending(self) -> int:
+        """Steps appended but not committed yet (fewer than ``segment_length``)."""
+        return self._count
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"pending={self._count}"
+        return f"ShardedEpisodeStream(episode_id={self._episode_id}, {state})"
+
+    # ---------------------------------------------------------------------------- calls
+    def append(self, steps: Mapping[str, Any], *, timeout: float | None = None) -> list[int]:
+        """Append ``n >= 1`` steps (field name -> array ``[n, ...]``, as `Episode` takes).
+
+        Every ``segment_length`` pending steps are committed as one segment on the episode's
+        shard, visible to draws when this returns. Returns the global ids of the segments
+        this call committed, in order (`ShardedReplay` encodes segment ids as episode ids:
+        shard, incarnation, the shard's own segment id). ``timeout``: seconds to wait for
+        the rate limiter when segments are committed (``None``: for ever).
+
+        Raises
+        ------
+        InvalidArgumentError
+            After `close`, for a stream superseded by `ShardedReplay.resume_episode` (or by
+            a restarted shard), for more than a shard's capacity of steps at once, or for
+            the errors `Episode` raises.
+        SchemaError, SchemaDtypeError
+            If the fields, per-step shapes or dtypes differ from the replay's schema (which
+            the first append to any stream, or the first add, fixes).
+        RateLimiterTimeout
+            If the limiter held the insert back for ``timeout`` seconds.
+        """
+        episode = _as_steps(steps)
+        timeout = settings.checked_timeout(timeout)
+        replay = self._replay
+        with self._guard:
+            self._check_writable()
+            capacity = replay.shard_capacity
+            if len(episode) > capacity:
+                raise must(
+                    "steps", f"at most a shard's capacity ({capacity}) steps at once", len(episode)
+                )
+            schema = routing.known_schema(replay)
+            if schema is not None:
+                schema.check(episode.schema)
+            else:
+                episode.schema.check_storable()
+            host = {name: t.detach().cpu() for name, t in episode.steps.items()}
+            size, count, total = replay.segment_length, self._count, len(episode)
+            full = (count + total) // size * size  # steps committed by this call
+            if not full:
+                if schema is None:  # as a single buffer's first append, it fixes the schema
+                    routing.agree_schema(replay, episode.schema).check(episode.schema)
+                self._stash(host, 0, total)
+                return []
+            take = full - count
+            payload = {
+                name: torch.cat([self._pending[name][:count], t[:take]]) if count else t[:take]
+                for name, t in host.items()
+            }
+            committed = self._send(payload, full, timeout, flush=False, terminated=None)
+            self._count = 0
+            if take < total:
+                self._stash(host, take, total)
+            return committed
+
+    def flush(self, *, timeout: float | None = None) -> int | None:
+        """Commit the pending steps now, as a shorter segment; its global id (None: none).
+
+        Before `ShardedReplay.save` (a checkpoint keeps committed steps only) or at
+        shutdown. Raises as `append`.
+        """
+        timeout = settings.checked_timeout(timeout)
+        with self._guard:
+            self._check_writable()
+            committed = self._send(self._taken(), self._count, timeout, flush=True, terminated=None)
+            self._count = 0
+            return committed[0] if committed else None
+
+    def close(self, *, terminated: bool, timeout: float | None = None) -> None:
+        """Commit the pending steps and end the episode (as `EpisodeStream.close`).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If the stream is already closed (or was superseded, as for `append`).
+        TypeError
+            If ``terminated`` is not a bool.
+        """
+        if not isinstance(terminated, bool):
+            raise wrong_type("terminated", "a bool", terminated)
+        timeout = settings.checked_timeout(timeout)
+        with self._guard:
+            self._check_writable()
+            self._send(self._taken(), self._count, timeout, flush=False, terminated=terminated)
+            self._closed = True
+            self._pending, self._count = {}, 0
+
+    # -------------------------------------------------------------------------- helpers
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise must_have(
+                "the stream", "open to append, flush or close", f"episode {self._episode_id} closed"
+            )
+        self._replay._check_open()
+
+    def _stash(self, steps: Mapping[str, torch.Tensor], begin: int, end: int) -> None:
+        """Copy steps ``begin .. end - 1`` (of the replay's schema) into the pending steps."""
+        if not self._pending:
+            size = self._replay.segment_length
+            self._pending = {
+                name: torch.empty((size, *t.shape[1:]), dtype=t.dtype) for name, t in steps.items()
+            }
+        at = self._count
+        for name, values in steps.items():
+            self._pending[name][at : at + end - begin] = values[begin:end]
+        self._count += end - begin
+
+    def _taken(self) -> dict[str, torch.Tensor] | None:
+        if not self._count:
+            return None
+        return {name: t[: self._count] for name, t in self._pending.items()}
+
+    def _send(
+        self,
+        steps: dict[str, torch.Tensor] | None,
+        count: int,
+        timeout: float | None,
+        *,
+        flush: bool,
+        terminated: bool | None,
+    ) -> list[int]:
+        """One call to the shard: ``count`` steps admitted, sent, counted once stored."""
+        replay = self._replay
+        packed = None if steps is None else transport.pack_steps(steps)
+        if count:
+            coordination.acquire(replay, count, inserting=True, timeout=timeout)
+        try:
+            shard = replay._shards[self._shard]
+            future = shard.append_steps.remote(
+                self._episode_id, self._handle, packed, flush, terminated
+            )
+            committed = calls.get(future)
+        except BaseException:
+            if count:
+                coordination.settle(replay, 0, count)
+            raise
+        if count:
+            coordination.settle(replay, count, 0)
+        return [int(i) for i in committed]
+
+    # ------------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_guard"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._guard = threading.Lock()
+
+
+class ShardedStreams:
+    """The streaming methods of `ShardedReplay` (mixed in; documented here)."""
+
+    _config: dict[str, Any]
+    _shards: list[Any]
+    _lock: Any
+    _cursor: int
+
+    def _check_open(self) -> None:
+        raise NotImplementedError  # `ShardedReplay._check_open`
+
+    @property
+    def segment_length(self) -> int | None:
+        """Steps per segment of every shard, or ``None`` when episodes are stored whole."""
+        length: int | None = self._config["segment_length"]
+        return length
+
+    @property
+    def priority_unit(self) -> str:
+        """``"episode"`` or ``"segment"``: what priorities (and batch ``indices``) belong to."""
+        return str(self._config["priority_unit"])
+
+    def open_episode(self) -> ShardedEpisodeStream:
+        """Open a new episode on the next shard (round robin); its stream.
+
+        The shard issues the episode's global id now; all its segments are stored there.
+
+        Raises
+        ------
+        InvalidArgumentError
+            On a replay created without ``segment_length`` (set it to stream episodes).
+        """
+        self._check_open()
+        self._segmented("open_episode")
+        with self._lock:
+            target = self._cursor % len(self._shards)
+        episode_id, handle = calls.get(self._shards[target].open_episode.remote())
+        with self._lock:
+            self._cursor += 1  # only once opened: a refused call routes nothing
+        return ShardedEpisodeStream(self, episode_id, handle)
+
+    def resume_episode(self, episode_id: int) -> ShardedEpisodeStream:
+        """A new stream continuing open episode ``episode_id`` (after `load`, or a restart).
+
+        Appends continue at the episode's next committed step. Earlier streams of the
+        episode may no longer write (their pending steps are theirs: flush before saving).
+
+        Raises
+        ------
+        UnknownEpisodeError
+            (a ``KeyError``) for an id this replay does not hold (never issued, evicted,
+            lost with a restarted shard).
+        InvalidArgumentError
+            For a closed episode, or on a replay without ``segment_length``.
+        """
+        self._check_open()
+        self._segmented("resume_episode")
+        number, shard = self._shard_of(episode_id)
+        handle = calls.get(self._shards[shard].resume_episode.remote(number))
+        return ShardedEpisodeStream(self, number, handle)
+
+    @property
+    def open_episode_ids(self) -> list[int]:
+        """Global ids of the open episodes of every shard, sorted; ``[]`` unsegmented."""
+        self._check_open()
+        if self._config["segment_length"] is None:
+            return []
+        per_shard = calls.get([s.open_episode_ids.remote() for s in self._shards])
+        return sorted(i for found in per_shard for i in found)
+
+    def episode_info(self, episode_id: int) -> EpisodeInfo:
+        """Where episode ``episode_id`` (global) stands (see `SequenceReplay.episode_info`).
+
+        Raises
+        ------
+        UnknownEpisodeError
+            (a ``KeyError``) for an id this replay does not hold.
+        InvalidArgumentError
+            On a replay without ``segment_length``.
+        """
+        self._check_open()
+        self._segmented("episode_info")
+        number, shard = self._shard_of(episode_id)
+        info: EpisodeInfo = calls.get(self._shards[shard].episode_info.remote(number))
+        return info
+
+    def _segmented(self, call: str) -> None:
+        if self._config["segment_length"] is None:
+            raise must_have(
+                "segment_length",
+                f"set (an int) in ShardedReplay.create to call {call}: streaming stores "
+                "episodes in segments",
+                "None",
+            )
+
+    def _shard_of(self, episode_id: object) -> tuple[int, int]:
+        """``(episode_id as an int, its shard)``; `UnknownEpisodeError` for another id."""
+        if isinstance(episode_id, bool):
+            raise wrong_type("episode_id", "an int", episode_id)
+        try:
+            number = operator.index(episode_id)  # type: ignore[arg-type]
+        except TypeError:
+            raise wrong_type("episode_id", "an int", episode_id) from None
+        shard = number >> (ids.INCARNATION_BITS + ids.LOCAL_BITS) if number >= 0 else -1
+        if not 0 <= shard < len(self._shards) or number > 2**63 - 1:
+            raise UnknownEpisodeError(
+                f"episode_id must be an episode id of this replay, got {number}: no shard issued it"
+            )
+        return number, shard
+
+
+def _as_steps(steps: object) -> Episode:
+    """``append``'s steps as an `Episode` (its checks name the fields and values seen)."""
+    if isinstance(steps, Episode):
+        return steps
+    if not isinstance(steps, Mapping):
+        raise wrong_type("steps", "a mapping of field names to arrays", steps)
+    return Episode(steps)
