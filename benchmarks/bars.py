@@ -126,6 +126,26 @@ BARS = (
         fmt="{:.1f}x",
         versus="memcpy",
     ),
+    BarSpec(
+        name="stream append (256 steps, L = 256, full buffer) vs memcpy of its bytes into ring "
+        "memory",
+        numerator="segments.append",
+        denominator="segments.memcpy",
+        limit=3.0,
+        at_most=True,
+        fmt="{:.1f}x",
+        versus="memcpy",
+    ),
+    BarSpec(
+        name="gather_windows of windows crossing seams (L = 256) vs the same windows on a "
+        "whole-episode buffer",
+        numerator="segments.gather",
+        denominator="segments.gather.whole",
+        limit=1.1,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus="the whole-episode buffer",
+    ),
 )
 # Comparisons shown beside the bars, with no requirement.
 BESIDE = (
@@ -156,6 +176,17 @@ BESIDE = (
     _beside(
         "prioritized sample + update on the device vs the floor there", "device", "device.floor"
     ),
+    _beside(
+        "stream append of the same 256 steps in four pieces vs memcpy of their bytes",
+        "segments.append.pieces",
+        "segments.memcpy",
+        fmt="{:.1f}x",
+    ),
+    _beside(
+        "uniform sample_windows, segmented buffer (L = 256) vs whole-episode buffer",
+        "segments.uniform",
+        "segments.uniform.whole",
+    ),
 )
 FLAT_BARS = (
     FlatSpec(
@@ -173,6 +204,13 @@ FLAT_BARS = (
         "transitions",
     ),
     FlatSpec(
+        "uniform sample flat 10k -> 10M transitions, segmented buffer (L = 256)",
+        "scale_transitions",
+        "lucid segmented",
+        1.3,
+        "transitions",
+    ),
+    FlatSpec(
         "prioritized sample + update flat 1k -> 1M episodes",
         "scale_episodes",
         "lucid",
@@ -181,12 +219,22 @@ FLAT_BARS = (
     ),
 )
 METADATA_LIMIT = 100  # bytes per stored episode (episode table and sum trees)
+# Resident memory of an endless stream, the buffer's share after `stream_capacities` x
+# capacity steps over that after 1x (see `_stream_memory_bar`).
+STREAM_MEMORY_LIMIT = 1.05
 
 # Which row each group's ratios divide by.
 _BASELINES = {"main": "floor", "add": "add.memcpy", "device": "device.floor"}
 _BASELINE_NOTES = {"main": "x floor", "add": "x memcpy", "device": "x device floor"}
-# Rows timed in rounds with a floor call of their own divide by that floor row instead.
-_OWN_FLOOR = {"lucid.prioritized_update": "floor.update"}
+# Rows that divide by a row of their own instead (and how the ratio reads): rows timed in
+# rounds with a floor call of their own, and the segmented rows beside their baselines.
+_OWN_BASELINE = {
+    "lucid.prioritized_update": ("floor.update", "x floor"),
+    "segments.append": ("segments.memcpy", "x memcpy"),
+    "segments.append.pieces": ("segments.memcpy", "x memcpy"),
+    "segments.gather": ("segments.gather.whole", "x whole-episode buffer"),
+    "segments.uniform": ("segments.uniform.whole", "x whole-episode buffer"),
+}
 
 
 def _ratio(rows: dict[str, Row], top: str, bottom: str, *, minima: bool = False) -> float | None:
@@ -209,12 +257,11 @@ def annotate(rows: list[Row]) -> None:
     """Fill each row's ratio to its group's baseline (or to the smallest size)."""
     measured = {r.id: r for r in rows if r.measured and r.median_ms is not None}
     for row in measured.values():
-        baseline = _OWN_FLOOR.get(row.id, _BASELINES.get(row.group))
+        baseline, note = _OWN_BASELINE.get(
+            row.id, (_BASELINES.get(row.group), _BASELINE_NOTES.get(row.group, ""))
+        )
         if baseline is not None and baseline in measured and row.id != baseline:
-            row.ratio, row.ratio_note = (
-                _ratio(measured, row.id, baseline),
-                _BASELINE_NOTES[row.group],
-            )
+            row.ratio, row.ratio_note = _ratio(measured, row.id, baseline), note
     for group in ("scale_transitions", "scale_episodes"):
         for members in _series(rows, group).values():
             first = members[0].median_ms or 1.0
@@ -296,11 +343,41 @@ def _memory_bar(rows: list[Row]) -> Bar | None:
     )
 
 
+def _stream_memory_bar(rows: list[Row]) -> Bar | None:
+    """Resident memory after ``N x capacity`` steps of an endless stream over that after 1x,
+    counting as the buffer's what it held at 1x (``memory_usage()``) and charging it all the
+    process's growth between.
+
+    At 1x every slot of the storage has been written, so the storage is resident in full;
+    what may still grow is metadata. The limit, 5%, is 1.5 B per step appended after 1x
+    (the storage holds 271 B a step) at any capacity: a cost per step, or one per segment
+    of a few hundred bytes, fails it, while the table's growth by powers of two does not.
+    """
+    row = next((r for r in rows if r.id == "segments.memory"), None)
+    if row is None:
+        return None
+    readings, held = row.extra["readings"], row.extra["buffer_bytes"]
+    (_, first), (_, last) = readings[0], readings[-1]
+    value = (held + last - first) / held
+    name = (
+        f"resident memory over an endless stream of {row.extra['capacities']}x capacity "
+        f"(L = {row.extra['segment_length']})"
+    )
+    return Bar(
+        name,
+        f"<= {STREAM_MEMORY_LIMIT:g}x the buffer's memory at 1x capacity",
+        value,
+        value <= STREAM_MEMORY_LIMIT,
+        f"{value:.3f}x",
+        note=f"{(last - first) / 1e6:+.2f} MB against {held / 1e6:.1f} MB",
+    )
+
+
 def evaluate(rows: list[Row]) -> list[Bar]:
     """Annotate ``rows`` with their ratios and return every bar's verdict on them."""
     annotate(rows)
     measured = {r.id: r for r in rows if r.measured and r.median_ms is not None}
     bars = [_pair_bar(spec, measured) for spec in (*BARS, *BESIDE)]
     bars += [_flat_bar(spec, rows) for spec in FLAT_BARS]
-    memory = _memory_bar(rows)
-    return bars if memory is None else [*bars, memory]
+    extra = (_memory_bar(rows), _stream_memory_bar(rows))
+    return bars + [bar for bar in extra if bar is not None]

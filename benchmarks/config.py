@@ -28,6 +28,10 @@ class Config:
     scale_episodes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
     episode_total: int = 4_000_000
     naive_max_episodes: int = 100_000  # the naive buffer is only built up to this many episodes
+    # Streamed segments: the segmented buffers' segment length (also the appended piece's
+    # length), and how many capacities of steps the endless stream of the memory row appends.
+    segment_length: int = 256
+    stream_capacities: int = 10
     seed: int = 0
 
     @property

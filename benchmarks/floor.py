@@ -21,6 +21,11 @@ read):
 - `GatherFloor.into_preallocated` writes into outputs allocated once (``out=``), shown beside
   it: the difference is what allocating (and, with a stock allocator, page-faulting) a fresh
   multi-MB batch per call costs.
+
+Its counterpart for writes is `RingCopy`: the bytes that an ``add`` or a stream's ``append``
+stores, copied as one block into the next slots of a ring as large as the buffer's storage
+(memory out of cache, as the buffer's destination is). The ``add`` and ``append`` bars divide
+by it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from collections.abc import Callable, Mapping
 import torch
 
 from benchmarks.config import Config
+from benchmarks.data import record_bytes
+from benchmarks.rows import Row
+from benchmarks.timing import Timing
 from lucid_replay import hugepages
 
 INDEX_SETS = 64  # prepared window sets, cycled: each holds B windows at random positions
@@ -114,3 +122,31 @@ def _filled(
         size = min(count, capacity - begin)
         storage[begin : begin + size].copy_(values[:size])
     return storage
+
+
+class RingCopy:
+    """The bytes of ``steps`` copied into the next slots of a ring as large as the buffer's
+    storage (one contiguous ``copy_`` a call): the baseline of the ``add`` and ``append``
+    bars, whose destination is memory out of cache, as a buffer's is."""
+
+    def __init__(self, config: Config, steps: Mapping[str, torch.Tensor]) -> None:
+        self.nbytes = sum(t.numel() * t.element_size() for t in steps.values())
+        self.source = torch.empty(self.nbytes, dtype=torch.uint8)
+        ring_bytes = config.transitions * record_bytes(dict(steps))
+        # touched (filled with ones) before timing: no page faults
+        self.ring = torch.ones(ring_bytes // self.nbytes * self.nbytes, dtype=torch.uint8)
+        self._position = itertools.cycle(range(0, self.ring.numel(), self.nbytes))
+
+    def __call__(self) -> None:
+        begin = next(self._position)
+        self.ring[begin : begin + self.nbytes].copy_(self.source)
+
+    def row(self, id: str, timing: Timing, *, group: str) -> Row:
+        return Row.timed(
+            id,
+            f"memcpy of its {self.nbytes / 1e3:.1f} kB into the next slots of a "
+            f"{self.ring.numel() / 1e6:.0f} MB ring (one contiguous copy_)",
+            timing,
+            group=group,
+            extra={"bytes": self.nbytes, "ring_bytes": self.ring.numel()},
+        )

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable, Mapping
 
 import torch
 
 from benchmarks.config import Config
 from benchmarks.data import Dataset, cycled_episode, record_bytes
-from benchmarks.floor import GatherFloor
+from benchmarks.floor import GatherFloor, RingCopy
 from benchmarks.rows import Row, available_bytes
 from benchmarks.timing import Timing, measure, measure_rounds
 from lucid_replay import Episode, PrioritizedSequenceReplay, Window
@@ -46,9 +45,21 @@ def fill(buffer: PrioritizedSequenceReplay, dataset: Dataset) -> None:
         buffer.add(Episode(steps, terminated=terminated))
 
 
-def build(config: Config, dataset: Dataset, device: str = "cpu") -> PrioritizedSequenceReplay:
+def build(
+    config: Config,
+    dataset: Dataset,
+    device: str = "cpu",
+    *,
+    segment_length: int | None = None,
+) -> PrioritizedSequenceReplay:
+    """The reference buffer (``segment_length``: stored in segments), filled with ``dataset``."""
     buffer = PrioritizedSequenceReplay(
-        config.transitions, alpha=config.alpha, beta=config.beta, seed=config.seed, device=device
+        config.transitions,
+        alpha=config.alpha,
+        beta=config.beta,
+        seed=config.seed,
+        device=device,
+        segment_length=segment_length,
     )
     fill(buffer, dataset)
     return buffer
@@ -221,17 +232,11 @@ def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
     and the field-by-field copy are shown for reference, each timed alone.
     """
     reps, warmup = max(config.add_reps, 50), config.warmup
-    nbytes = sum(t.numel() * t.element_size() for t in episode.steps.values())
+    memcpy_ring = RingCopy(config, episode.steps)
+    nbytes = memcpy_ring.nbytes
     source = torch.empty(nbytes, dtype=torch.uint8)
     target = torch.empty(nbytes, dtype=torch.uint8)
-    ring_bytes = config.transitions * record_bytes(dict(episode.steps))
-    ring = torch.ones(ring_bytes // nbytes * nbytes, dtype=torch.uint8)  # touched: no page faults
-    position = itertools.cycle(range(0, ring.numel(), nbytes))
     destinations = {k: torch.empty_like(v) for k, v in episode.steps.items()}
-
-    def memcpy_ring() -> None:
-        begin = next(position)
-        ring[begin : begin + nbytes].copy_(source)
 
     def memcpy_hot() -> None:
         target.copy_(source)
@@ -254,14 +259,7 @@ def add_rows(config: Config, buffer: PrioritizedSequenceReplay, episode: Episode
             paired["add"],
             group="add",
         ),
-        Row.timed(
-            "add.memcpy",
-            f"memcpy of its {nbytes / 1e3:.1f} kB into the next slots of a "
-            f"{ring.numel() / 1e6:.0f} MB ring (one contiguous copy_)",
-            paired["memcpy"],
-            group="add",
-            extra={"bytes": nbytes, "ring_bytes": ring.numel()},
-        ),
+        memcpy_ring.row("add.memcpy", paired["memcpy"], group="add"),
         Row.timed(
             "add.memcpy_hot",
             f"memcpy of the same bytes into the same cache-hot {nbytes / 1e3:.0f} kB every call",
@@ -320,10 +318,20 @@ def memory_rows(config: Config, buffer: PrioritizedSequenceReplay, dataset: Data
 
 
 def scaled_buffer(
-    config: Config, capacity: int, lengths: Callable[[int], int], count: int, source: Dataset
+    config: Config,
+    capacity: int,
+    lengths: Callable[[int], int],
+    count: int,
+    source: Dataset,
+    *,
+    segment_length: int | None = None,
 ) -> PrioritizedSequenceReplay:
     buffer = PrioritizedSequenceReplay(
-        capacity, alpha=config.alpha, beta=config.beta, seed=config.seed
+        capacity,
+        alpha=config.alpha,
+        beta=config.beta,
+        seed=config.seed,
+        segment_length=segment_length,
     )
     offset = 0
     for index in range(count):

@@ -16,12 +16,14 @@ _REFERENCE_IDS = (
     "add.memcpy",
     "add.memcpy_hot",
     "add.copy_fields",
+    "segments.memcpy",
 )
 _LINE_STYLES = ("-", "--", "-.", ":")
 _SERIES_COLOURS = {
     "gather floor": "#555555",
     "lucid uniform": "C0",
     "lucid prioritized": "C2",
+    "lucid segmented": "C9",
     "lucid": "C0",
     "naive prioritized": "C3",
     "naive": "C3",
@@ -31,7 +33,7 @@ _SERIES_COLOURS = {
 def _colour(row: Row) -> str:
     if row.id in _REFERENCE_IDS:
         return "#555555"
-    if row.id.startswith(("lucid", "add.lucid")):
+    if row.id.startswith(("lucid", "add.lucid", "segments")):
         return "#1f77b4"
     if row.id.startswith("torchrl"):
         return "#ff7f0e"
@@ -39,8 +41,8 @@ def _colour(row: Row) -> str:
 
 
 def plot(path: Path, passes: list[Pass], title: str) -> None:
-    """Medians of the sampling and add rows (one bar per pass, log scale), and the scaling
-    series (one line style per pass)."""
+    """Medians of the sampling, add and segment rows (one bar per pass, log scale), and the
+    scaling series (one line style per pass)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,7 +50,7 @@ def plot(path: Path, passes: list[Pass], title: str) -> None:
 
     figure, axes = plt.subplots(1, 3, figsize=(17, 6), gridspec_kw={"width_ratios": [1.6, 1, 1]})
     shown = [p for p in passes if p.stock] or passes
-    first = [r for r in shown[0].rows if r.group in ("main", "add") and r.measured]
+    first = [r for r in shown[0].rows if r.group in ("main", "add", "segments") and r.measured]
     height = 0.8 / len(shown)
     axis = axes[0]
     for index, run in enumerate(shown):

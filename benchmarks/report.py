@@ -29,6 +29,7 @@ PAGE_PLOT = Path("assets") / "benchmarks.png"
 _GROUPS = (
     ("Sampling (reference configuration)", ("main",)),
     ("add", ("add",)),
+    ("Streamed segments", ("segments",)),
     ("Scaling: stored transitions", ("scale_transitions",)),
     ("Scaling: stored episodes", ("scale_episodes",)),
     ("Storage on a GPU", ("device",)),
@@ -185,8 +186,9 @@ def memory_table(run: Pass) -> str:
 
 FIGURE = (
     f"![Benchmark results]({PAGE_PLOT.as_posix()})\n\n"
-    "The left panel shows the medians of the sampling and add rows (log scale), one bar per "
-    "pass; the other panels show the scaling rows' medians, one line style per pass."
+    "The left panel shows the medians of the sampling, add and streamed-segment rows (log "
+    "scale), one bar per pass; the other panels show the scaling rows' medians, one line style "
+    "per pass."
 )
 
 
@@ -220,7 +222,7 @@ def markdown(
             "The same rows with glibc's `mmap` and trim thresholds fixed (`--tuned-malloc`): "
             "what a process that tunes its allocator sees. The bars above never use these.",
             bars_table(tuned, required=True),
-            rows_table(tuned, ("main", "add")),
+            rows_table(tuned, ("main", "add", "segments")),
         ]
     return "\n\n".join(parts) + "\n"
 

@@ -23,7 +23,16 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import environment, lucid_rows, naive, report, results_file, scaling, torchrl_rows
+from benchmarks import (
+    environment,
+    lucid_rows,
+    naive,
+    report,
+    results_file,
+    scaling,
+    segment_rows,
+    torchrl_rows,
+)
 from benchmarks.bars import evaluate
 from benchmarks.config import QUICK, REFERENCE, Config
 from benchmarks.data import cycled_episode, reference_dataset
@@ -32,7 +41,18 @@ from benchmarks.results_file import Pass
 from benchmarks.rows import Row, release
 from benchmarks.timing import measure
 
-GROUPS = ("floor", "lucid", "naive", "torchrl", "add", "memory", "scale.T", "scale.E", "device")
+GROUPS = (
+    "floor",
+    "lucid",
+    "naive",
+    "torchrl",
+    "add",
+    "memory",
+    "segments",
+    "scale.T",
+    "scale.E",
+    "device",
+)
 DEFAULT = "default"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +70,7 @@ def _threads(text: str) -> list[str]:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
     add = parser.add_argument
-    add("--quick", action="store_true", help="small config (about 15 s a pass), for development")
+    add("--quick", action="store_true", help="small config (about 20 s a pass), for development")
     add("--device", default="cpu", help="also measure with storage on this device (e.g. cuda)")
     add(
         "--reps",
@@ -167,6 +187,9 @@ def measure_pass(args: argparse.Namespace) -> Pass:
             rows += lucid_rows.add_rows(config, buffer, episode)
         del buffer
         release()
+    if only("segments"):
+        log("streamed segments: windows across seams, append, an endless stream's memory")
+        rows += segment_rows.segment_rows(config, dataset, only)
     if only("scale.T"):
         log("scaling over transitions")
         rows += scaling.transition_rows(config, dataset, only)

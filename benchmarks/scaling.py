@@ -1,10 +1,11 @@
 """Scaling rows: sample time against stored transitions, sample + update against episodes.
 
-lucid_replay should stay flat (O(B log E) draws, O(B W) gathers); the naive baseline's O(E)
-draw shows the gap. Buffers are filled with episodes cut from the reference data set (their
-contents do not matter to the timings). lucid_replay's buffers of every size are alive
-together and timed in the same rounds; the naive ones are built and timed one size at a
-time, each freed before the next.
+lucid_replay should stay flat (O(B log E) draws, O(B W) gathers), also with the same
+episodes stored in segments (``add`` on a buffer with ``segment_length``); the naive
+baseline's O(E) draw shows the gap. Buffers are filled with episodes cut from the reference
+data set (their contents do not matter to the timings). lucid_replay's buffers of every size
+are alive together and timed in the same rounds; the naive ones are built and timed one size
+at a time, each freed before the next.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ def _label(count: int) -> str:
     return f"{count / 1e6:g}M" if count >= 1_000_000 else f"{count / 1e3:g}k"
 
 
+def _segmented_label(config: Config, tag: str) -> str:
+    return (
+        f"lucid_replay uniform sample_windows, segmented buffer (L = {config.segment_length}), "
+        f"{tag} transitions"
+    )
+
+
 def _constant(length: int, _: int) -> int:
     return length
 
@@ -49,13 +57,14 @@ def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
     10k-transition ring (2.7 MB) would otherwise be read from cache on every call, which no
     learner that runs a network between samples sees. It also puts every size under the same
     load. Each size's floor is a `GatherFloor` of that many records (the size of that
-    buffer's storage).
+    buffer's storage). The segmented series samples a second buffer of each size, holding the
+    same episodes in segments of ``segment_length`` steps.
     """
     rows: list[Row] = []
     window = reference_window(config)
     rng = np.random.default_rng(config.seed + 3)
     group = "scale_transitions"
-    buffers: dict[int, PrioritizedSequenceReplay] = {}
+    buffers: dict[int | str, PrioritizedSequenceReplay] = {}  # by size; segmented by row id
     floors: dict[int, GatherFloor] = {}
     lengths_of: dict[int, list[int]] = {}
     calls: dict[str, Callable[[], object]] = {}
@@ -75,6 +84,10 @@ def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
                         group=group,
                     )
                 )
+            if only("scale.T.segmented") or only(f"scale.T.{tag}"):
+                label = _segmented_label(config, tag)
+                key = f"scale.T.{tag}.segmented"
+                rows.append(Row.not_measured(key, label, reason, group=group))
             continue
         lengths = lengths_of[size] = episode_lengths(size, config.min_len, config.max_len, rng)
         buffer = buffers[size] = scaled_buffer(
@@ -100,6 +113,27 @@ def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
                     f"lucid_replay {series} sample_windows, {tag} transitions",
                     {**extra, "series": f"lucid {series}"},
                 )
+        if only("scale.T.segmented") or only(f"scale.T.{tag}"):
+            key, label = f"scale.T.{tag}.segmented", _segmented_label(config, tag)
+            # the buffer and its fill's transient copies, in the memory free now (the buffers
+            # and floors built so far already took theirs)
+            if not fits(config, size, copies=2.0):
+                reason = f"{size} more transitions need more memory than this machine has free"
+                rows.append(Row.not_measured(key, label, reason, group=group))
+                continue
+            segmented = buffers[key] = scaled_buffer(
+                config,
+                size,
+                lengths.__getitem__,
+                len(lengths),
+                source,
+                segment_length=config.segment_length,
+            )
+            built += size
+            calls[key] = functools.partial(
+                segmented.sample_windows, config.batch, window, prioritized=False
+            )
+            labels[key] = (label, {**extra, "series": "lucid segmented"})
     sweep = CacheSweep()
     timings = (
         measure_rounds(calls, reps=config.reps, warmup=config.warmup, before=sweep) if calls else {}
