@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from lucid_replay import engine
-from lucid_replay.records import Anchors, Records
+from lucid_replay.engine import Array
+from lucid_replay.records import Anchors, RecordArrays, Records
 from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module
@@ -30,16 +31,20 @@ def expand_segments(
     burn_in: int,
     dilation: int,
     stop_span: int | None,
+    into: RecordArrays | None = None,
+    learning: tuple[int, int] = (0, 0),
 ) -> Records:
     """The records of ``anchors`` (segment rows, episode ids, episode steps) on a segmented table.
 
     Windows of ``size`` records, record ``k`` targeting ``anchor + (k - burn_in) * dilation``;
     ``stop_span``: under ``boundary="stop"`` the steps from the anchor to the window's last
-    record (``dilation * (length + bootstrap - 1)``), else ``None``.
+    record (``dilation * (length + bootstrap - 1)``), else ``None``. ``into``: the batch's
+    per-record arrays to write into on CPU (with the learning region's records
+    ``learning = (first, end)``), as `window.expand` does.
     """
     owners, column = table.owners(), table.arrays
     if engine.compiled(anchors.rows):
-        return _expanded_by_loop(table, anchors, size, burn_in, dilation, stop_span)
+        return _expanded_by_loop(table, anchors, size, burn_in, dilation, stop_span, into, learning)
     rows = engine.tensor(anchors.rows)
     anchor = engine.tensor(anchors.steps)
     slot_of = engine.tensor(owners.slot)
@@ -72,6 +77,48 @@ def expand_segments(
     )
 
 
+def rows_holding(table: EpisodeTable, rows: Array, steps: Array) -> Array:
+    """Row of the segment holding each of ``steps`` ``[n]``, walking from ``rows`` ``[n]``.
+
+    As `segment_of` for one step per row (`engine` arrays; compiled on CPU).
+    """
+    if engine.compiled(steps):
+        column = table.arrays
+        return rows_holding_loop(
+            np.ascontiguousarray(rows),
+            np.ascontiguousarray(steps),
+            column["first_step"],
+            column["length"],
+            column["prev_key"],
+            column["next_key"],
+            table.row_count - 1,
+        )
+    found = segment_of(table, engine.tensor(rows), engine.tensor(steps)[:, None])[:, 0]
+    return engine.view(found)
+
+
+@engine.jit
+def rows_holding_loop(
+    rows: np.ndarray,
+    steps: np.ndarray,
+    first_step: np.ndarray,
+    length: np.ndarray,
+    prev_key: np.ndarray,
+    next_key: np.ndarray,
+    row_mask: int,
+) -> np.ndarray:
+    """`rows_holding`, compiled: each step's segment, walking its episode's chain."""
+    found = np.empty(rows.shape[0], dtype=np.int64)
+    for i in range(rows.shape[0]):
+        current, step = rows[i], steps[i]
+        while step < first_step[current]:
+            current = prev_key[current] & row_mask
+        while step >= first_step[current] + length[current]:
+            current = next_key[current] & row_mask
+        found[i] = current
+    return found
+
+
 def segment_of(table: EpisodeTable, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """Row of the segment holding each of ``steps`` ``[B, W]``, walking from ``rows`` ``[B]``.
 
@@ -101,14 +148,23 @@ def _expanded_by_loop(
     burn_in: int,
     dilation: int,
     stop_span: int | None,
+    into: RecordArrays | None,
+    learning: tuple[int, int],
 ) -> Records:
     """`expand_segments` by `expand_segments_loop` (the same records), on CPU arrays."""
     count = int(anchors.rows.shape[0])
     shape = (count, size)
-    steps, rows = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64)
-    record_ids = np.empty(shape, dtype=np.int64)
-    valid, exact = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
-    is_init, terminal = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
+    rows, exact = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.bool_)
+    if into is None:
+        steps, record_ids = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64)
+        valid, is_init = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
+        terminal = np.empty(shape, dtype=np.bool_)
+    else:
+        steps, record_ids, valid = into.steps, into.episode_ids, into.valid
+        is_init, terminal = into.is_init, into.terminal
+        record = np.arange(size)
+        into.learning[...] = (record >= learning[0]) & (record < learning[1])
+        into.sequence[...] = record
     first_offsets = np.empty(count, dtype=np.int64)
     owners, column = table.owners(), table.arrays
     expand_segments_loop(
@@ -147,6 +203,7 @@ def _expanded_by_loop(
         is_init=is_init,
         terminal=terminal,
         clamped=True,
+        filled=into is not None,
         exact=exact,
     )
 

@@ -29,7 +29,7 @@ from lucid_replay.checks import as_vector
 from lucid_replay.directory import EpisodeDirectory
 from lucid_replay.errors import UnknownEpisodeError, must, wrong_type
 from lucid_replay.records import Anchors
-from lucid_replay.seams import segment_of
+from lucid_replay.seams import rows_holding
 
 __all__: list[str] = []  # internal module
 
@@ -166,6 +166,8 @@ class Segments:
         Returns how many episodes left the buffer, and how many of those were never drawn.
         """
         table, directory = self.store.table, self.directory
+        if isinstance(rows, int) and self.unit == "chunk":  # most commits evict one segment
+            return self._evicted_one(rows)
         evicted = torch.as_tensor(rows, dtype=torch.int64).reshape(-1).to(table.device)
         column = {
             name: table.columns[name][evicted].cpu().numpy()
@@ -186,6 +188,20 @@ class Segments:
         unsampled = int(np.count_nonzero(host["times"][gone] == 0))
         self._drop(gone, counted=False)
         return int(gone.shape[0]), unsampled
+
+    def _evicted_one(self, row: int) -> tuple[int, int]:
+        """`evicted` for one row of a CPU table, in scalar reads and writes."""
+        column, host = self.store.table.arrays, self.directory.host
+        slot = int(column["slot"][row])
+        host["first_stored"][slot] = column["first_step"][row] + column["length"][row]
+        left = int(host["num_segments"][slot]) - 1
+        host["num_segments"][slot] = left
+        host["first_key"][slot] = column["next_key"][row] if left else -1
+        if left or host["opened"][slot]:
+            return 0, 0
+        unsampled = int(host["times"][slot] == 0)
+        self._drop(np.array([slot], dtype=np.int64), counted=False)
+        return 1, unsampled
 
     def _drop(self, slots: np.ndarray, *, counted: bool = True) -> None:
         """Give back the slots of closed episodes with nothing stored."""
@@ -223,7 +239,7 @@ class Segments:
         """Rows of the segments holding stored ``steps`` of the episodes in ``slots``."""
         table = self.store.table
         first = engine.tensor(self.directory.arrays["first_key"])[slots] & (table.row_count - 1)
-        return segment_of(table, first, steps[:, None])[:, 0]
+        return engine.tensor(rows_holding(table, engine.view(first), engine.view(steps)))
 
     def anchors(self, episode_ids: Any, anchor_steps: Any) -> Anchors:
         """Anchors at given stored steps (`EpisodeStore.anchors` on a segmented store)."""
@@ -232,23 +248,21 @@ class Segments:
         steps = as_vector("anchor_steps", anchor_steps, torch.int64, device).clone()
         if ids.shape != steps.shape:
             raise must("anchor_steps", f"as long as episode_ids ({ids.numel()})", steps.numel())
-        slots = torch.from_numpy(directory.slots_of(ids.cpu().numpy())).to(device)
-        host = directory.host
-        counts = torch.from_numpy(host["num_segments"]).to(device)[slots]
-        stored = (slots >= 0) & (counts > 0)
-        if not bool(stored.all()):
-            self.live_slot(int(ids[~stored][0]), stored=True)
-        first = engine.tensor(directory.arrays["first_stored"])[slots]
-        end = engine.tensor(directory.arrays["total"])[slots]
-        outside = (steps < first) | (steps >= end)
-        if bool(outside.any()):
-            at = int(outside.nonzero()[0])
+        host, host_steps = directory.host, steps.cpu().numpy()  # checked on the host copies
+        slots = directory.slots_of(ids.cpu().numpy())
+        stored = (slots >= 0) & (host["num_segments"][slots] > 0)
+        if not stored.all():
+            self.live_slot(int(ids[torch.from_numpy(~stored)][0]), stored=True)
+        first, end = host["first_stored"][slots], host["total"][slots]
+        outside = (host_steps < first) | (host_steps >= end)
+        if outside.any():
+            at = int(np.flatnonzero(outside)[0])
             raise must(
                 f"anchor_steps[{at}]",
                 f"a stored step of episode {int(ids[at])} ({int(first[at])} .. {int(end[at]) - 1})",
                 int(steps[at]),
             )
-        rows = self.rows_at(slots, steps)
+        rows = self.rows_at(torch.from_numpy(slots).to(device), steps)
         return Anchors(engine.view(rows), engine.view(ids), engine.view(steps))
 
     def episode_steps(self, slot: int) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ import torch
 
 from lucid_replay.episode import Episode, host_views
 from lucid_replay.errors import InvalidArgumentError, must, must_have, wrong_type
+from lucid_replay.schema import Schema
 
 if TYPE_CHECKING:
     from lucid_replay.core import ReplayCore
@@ -88,6 +89,7 @@ class EpisodeStream:
         self._count = 0
         self._closed = False
         self._guard = threading.Lock()  # one call at a time on one stream
+        self._slot, self._directory = -1, None  # where `_checked` last found the episode
 
     @property
     def episode_id(self) -> int:
@@ -125,21 +127,27 @@ class EpisodeStream:
         SchemaError, SchemaDtypeError
             If the fields, per-step shapes or dtypes differ from the buffer's schema.
         """
-        episode = _as_steps(steps)
         owner = self._owner
         core: ReplayCore = owner._core
         with self._guard, owner._lock:
             slot, segments = self._checked(core)
-            if len(episode) > core.store.capacity:
+            store = core.store
+            matching = _matching(steps, store.schema, store.capacity)
+            if matching is not None:  # tensors as stored: no conversion, no copy
+                pieces, host, total = matching
+                return self._take(core, segments, slot, pieces, host, total)
+            episode = _as_steps(steps)
+            if len(episode) > store.capacity:
                 raise must(
-                    "steps", f"at most capacity ({core.store.capacity}) steps at once", len(episode)
+                    "steps", f"at most capacity ({store.capacity}) steps at once", len(episode)
                 )
-            schema = core.store.checked_schema(episode, core.store.schema)
-            core.store.fix_schema(schema)
+            schema = store.checked_schema(episode, store.schema)
+            store.fix_schema(schema)
             if episode.schema != schema:  # a declared schema's same-kind casts
                 cast = {name: t.to(schema[name][1]) for name, t in episode.steps.items()}
                 episode = Episode(cast)
-            return self._take(core, segments, slot, episode)
+            host = host_views(episode)
+            return self._take(core, segments, slot, episode.steps, host, len(episode))
 
     def flush(self) -> int | None:
         """Commit the pending steps now, as a shorter segment; returns its id (None: none).
@@ -185,17 +193,30 @@ class EpisodeStream:
         segments = core.store.segments
         assert segments is not None  # streams exist on segmented buffers only
         directory = segments.directory
+        slot = self._slot
+        if directory is self._directory and directory.host["token"][slot] == self._token:
+            return slot, segments  # the slot this stream last wrote, still its episode's
         slot = directory.slot_of(self._episode_id)
         if slot < 0 or directory.get("token", slot) != self._token:
             raise InvalidArgumentError(
                 f"the stream of episode {self._episode_id} must be the one writing it, got a "
                 "stream superseded by resume_episode or by a restored checkpoint"
             )
+        self._slot, self._directory = slot, directory
         return slot, segments
 
-    def _take(self, core: ReplayCore, segments: Segments, slot: int, episode: Episode) -> list[int]:
-        size, steps, host = segments.segment_length, episode.steps, host_views(episode)
-        total, begin, committed = len(episode), 0, []
+    def _take(
+        self,
+        core: ReplayCore,
+        segments: Segments,
+        slot: int,
+        steps: Mapping[str, torch.Tensor],
+        host: Mapping[str, np.ndarray] | None,
+        total: int,
+    ) -> list[int]:
+        size, begin, committed = segments.segment_length, 0, []
+        if not self._count and total == size:  # one whole segment: commit it as it is
+            return [segments.commit(slot, steps, host, core.max_priority())]
         if self._count:  # top up the pending segment first
             begin = min(size - self._count, total)
             self._stash(steps, 0, begin)
@@ -347,3 +368,33 @@ def host_views_of(steps: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray] | 
         return {name: t.detach().numpy() for name, t in steps.items()}
     except (TypeError, RuntimeError):  # a device tensor, or a dtype numpy lacks
         return None
+
+
+def _matching(
+    steps: object, schema: Schema | None, capacity: int
+) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray] | None, int] | None:
+    """``steps`` if they are tensors of exactly the stored fields, dtypes and shapes.
+
+    Returns them with their numpy views (None off the CPU) and their step count; None for
+    anything else, which the full path converts, checks and refuses with the reason.
+    """
+    if schema is None or type(steps) is not dict or len(steps) != len(schema):
+        return None
+    total = -1
+    for name, (shape, dtype) in schema.items():
+        values = steps.get(name)
+        if type(values) is not torch.Tensor or values.dtype != dtype or values.requires_grad:
+            return None
+        if values.dim() != len(shape) + 1 or values.shape[1:] != shape:
+            return None
+        if total != values.shape[0]:
+            if total >= 0:
+                return None
+            total = values.shape[0]
+    if not 1 <= total <= capacity:
+        return None
+    try:
+        host = {name: t.numpy() for name, t in steps.items()}
+    except (TypeError, RuntimeError):  # a device tensor, or a dtype numpy lacks
+        host = None
+    return steps, host, total

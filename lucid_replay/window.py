@@ -202,7 +202,10 @@ def expand(
     if table.segmented:
         stop_span = window.dilation * (window.length + window.bootstrap - 1)
         stop = stop_span if window.boundary == "stop" else None
-        return expand_segments(table, anchors, window.size, window.burn_in, window.dilation, stop)
+        learning = (window.burn_in, window.burn_in + window.length)
+        return expand_segments(
+            table, anchors, window.size, window.burn_in, window.dilation, stop, into, learning
+        )
     column, where = table.arrays, anchors.rows
     last = column["length"][where] - 1
     anchor = anchors.steps
