@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import numpy as np
@@ -23,6 +23,7 @@ from lucid_replay.schema import Schema
 
 if TYPE_CHECKING:
     from lucid_replay.core import ReplayCore
+    from lucid_replay.directory import EpisodeDirectory
     from lucid_replay.segments import Segments
 
 __all__ = ["EpisodeInfo", "EpisodeStream"]
@@ -89,7 +90,8 @@ class EpisodeStream:
         self._count = 0
         self._closed = False
         self._guard = threading.Lock()  # one call at a time on one stream
-        self._slot, self._directory = -1, None  # where `_checked` last found the episode
+        # Where `_checked` last found the episode.
+        self._slot, self._directory = -1, cast("EpisodeDirectory | None", None)
 
     @property
     def episode_id(self) -> int:
@@ -144,10 +146,10 @@ class EpisodeStream:
             schema = store.checked_schema(episode, store.schema)
             store.fix_schema(schema)
             if episode.schema != schema:  # a declared schema's same-kind casts
-                cast = {name: t.to(schema[name][1]) for name, t in episode.steps.items()}
-                episode = Episode(cast)
-            host = host_views(episode)
-            return self._take(core, segments, slot, episode.steps, host, len(episode))
+                converted = {name: t.to(schema[name][1]) for name, t in episode.steps.items()}
+                episode = Episode(converted)
+            views = host_views(episode)
+            return self._take(core, segments, slot, episode.steps, views, len(episode))
 
     def flush(self) -> int | None:
         """Commit the pending steps now, as a shorter segment; returns its id (None: none).
