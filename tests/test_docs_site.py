@@ -101,7 +101,7 @@ def test_docstring_examples_fit_the_content_column():
     """No docstring example line (rendered on the API reference pages) exceeds the code column."""
     wide = [
         f"{module.relative_to(ROOT)}, docstring line {number}: {len(line)} columns: {line}"
-        for module in sorted((ROOT / "lucid_replay").glob("*.py"))
+        for module in sorted((ROOT / "lucid_replay").rglob("*.py"))
         for number, line in _doctest_lines(module.read_text(encoding="utf-8"))
         if len(line) > CODE_COLUMNS
     ]

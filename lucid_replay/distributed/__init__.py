@@ -9,10 +9,11 @@ this process.
 """
 
 from lucid_replay.distributed.client import ShardedReplay
+from lucid_replay.distributed.episode_streams import ShardedEpisodeStream
 from lucid_replay.distributed.limiter import MinSize, SampleToInsertRatio
 
 # Importable from here too, for code that catches what a sharded replay raises; exported
 # (and documented) once, with the other errors, from `lucid_replay`.
 from lucid_replay.errors import RateLimiterTimeout  # noqa: F401
 
-__all__ = ["MinSize", "SampleToInsertRatio", "ShardedReplay"]
+__all__ = ["MinSize", "SampleToInsertRatio", "ShardedEpisodeStream", "ShardedReplay"]

@@ -2,13 +2,13 @@
 
 On a replay created with ``segment_length=L``, `ShardedReplay.open_episode` picks the
 episode's shard (round robin, with the cursor `ShardedReplay.add` uses), which issues its
-global id; every segment of the episode is stored on that shard (section 9 of the spec: the
-cross-shard law of section 8 is unchanged, since a shard's segments are draws of its own
-buffer). The client stream holds the fewer than ``L`` steps not yet committed, in memory of
-its own, and sends the shard whole segments: one call per `append` that completes at least
-one segment (none for one that does not), one per `flush` and `close`. The shard commits
-exactly the segments a single buffer commits for the same steps in any pieces
-(`lucid_replay.distributed.shard_streams`).
+global id; every segment of the episode is stored on that shard. The cross-shard draw is
+therefore unchanged (`lucid_replay.distributed.draw`): a shard's segments are drawn by its
+own buffer, whose mass covers them. The client stream holds the fewer than ``L`` steps not
+yet committed, in memory of its own, and sends the shard whole segments: one call per
+`append` that completes at least one segment (none for one that does not), one per `flush`
+and `close`. The shard commits exactly the segments a single buffer commits for the same
+steps in any pieces (`lucid_replay.distributed.shard_streams`).
 
 Rate limiting: steps count as inserts, in transitions, when they are sent to be committed
 (whole segments by `append`, the rest by `flush` or `close`), and as stored once the shard
@@ -37,9 +37,7 @@ from lucid_replay.episode import Episode
 from lucid_replay.errors import UnknownEpisodeError, must, must_have, wrong_type
 from lucid_replay.streams import EpisodeInfo
 
-# Internal: reached through `ShardedReplay.open_episode` (exporting the class from
-# lucid_replay.distributed needs a reference page entry for it).
-__all__: list[str] = []
+__all__ = ["ShardedEpisodeStream"]
 
 
 class ShardedEpisodeStream:
@@ -60,7 +58,7 @@ class ShardedEpisodeStream:
     >>> from lucid_replay.distributed import ShardedReplay
     >>> replay = ShardedReplay.create(2, 200, segment_length=4, backend="local")
     >>> stream = replay.open_episode()
-    >>> committed = stream.append({"obs": torch.arange(6.0)})  # one segment, 2 steps pending
+    >>> committed = stream.append({"obs": torch.arange(6.0)})  # 4 sent, 2 kept
     >>> len(committed), stream.pending, len(replay)
     (1, 2, 4)
     >>> stream.close(terminated=True)
