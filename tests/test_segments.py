@@ -577,3 +577,105 @@ def test_a_whole_episode_checkpoint_is_refused_by_a_segmented_buffer() -> None:
     whole.add(Episode({"x": torch.arange(3)}))
     with pytest.raises(CheckpointError):
         SequenceReplay(capacity=30, segment_length=4).load_state_dict(whole.state_dict())
+
+
+# ------------------------------------------------------------------ long runs and threads
+def test_one_stream_of_ten_times_capacity_flows_through_while_others_open_and_close() -> None:
+    rng = np.random.default_rng(8)
+    buffer = PrioritizedSequenceReplay(capacity=64, segment_length=8, seed=3)
+    endless, others, closed = buffer.open_episode(), [], 0
+    window = Window(3, burn_in=2, bootstrap=2)
+    appended = 0
+    while appended < 640:
+        size = int(rng.integers(1, 20))
+        endless.append({"x": torch.arange(appended, appended + size)})
+        appended += size
+        if rng.random() < 0.3:
+            others.append(buffer.open_episode())
+        for stream in list(others):
+            stream.append({"x": torch.arange(int(rng.integers(1, 6)))})
+            if rng.random() < 0.2:
+                stream.close(terminated=bool(rng.random() < 0.5))
+                others.remove(stream)
+                closed += 1
+        info = buffer.episode_info(endless.episode_id)
+        assert len(buffer) <= 64
+        assert info.total_length == appended - endless.pending
+        if info.stored_length:
+            stored = buffer[endless.episode_id]["x"]
+            assert stored.tolist() == list(range(info.first_step, info.total_length))
+        if buffer.num_eligible(window):
+            batch = buffer.sample_windows(8, window)
+            assert bool((batch.record_episode_ids == batch.episode_ids[:, None]).all())
+            buffer.update_priorities_from(batch, torch.rand(8, window.size))
+        # Metadata stays bounded: table rows and directory slots follow what is stored.
+        table = buffer._core.store.table
+        assert table.row_count <= 1024 and table.directory.slot_count <= 64
+    stats = buffer.stats()
+    assert closed > 10 and stats["episodes_evicted"] > 10
+    assert stats["transitions_added"] - stats["transitions_evicted"] == len(buffer)
+    assert buffer.episode_info(endless.episode_id).first_step > 500
+
+
+def test_streams_in_threads_while_readers_sample_never_show_part_of_a_segment() -> None:
+    import threading
+
+    buffer = SequenceReplay(capacity=2_000, segment_length=16, seed=0)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def writer(index: int) -> None:
+        try:
+            rng = np.random.default_rng(index)
+            for _ in range(3):
+                stream, step = buffer.open_episode(), 0
+                for _ in range(40):
+                    size = int(rng.integers(1, 30))
+                    values = torch.arange(step, step + size) + 1_000_000 * stream.episode_id
+                    stream.append({"x": values, "y": values * 2})
+                    step += size
+                stream.close(terminated=True)
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+
+    def reader() -> None:
+        try:
+            while not done.is_set():
+                if buffer.num_eligible(Window(4)) == 0:
+                    continue
+                batch = buffer.sample(32, 4)
+                x, y = batch["x"], batch["y"]
+                assert torch.equal(y, 2 * x)  # a record is written whole
+                assert bool((x.diff(dim=1) == 1).all())  # consecutive committed steps
+                expected = batch.episode_ids[:, None] * 1_000_000 + batch.starts[:, None]
+                assert torch.equal(x[:, :1], expected)
+        except BaseException as error:
+            failures.append(error)
+
+    writers = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for thread in writers + readers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    done.set()
+    for thread in readers:
+        thread.join()
+    assert not failures, failures[0]
+    assert buffer.stats()["episodes_added"] == 12 and buffer.open_episode_ids == []
+
+
+def test_a_retired_open_episode_is_never_drawn_again_and_its_segments_age_out() -> None:
+    buffer = SequenceReplay(capacity=24, segment_length=4, max_times_sampled=2, seed=0)
+    old = buffer.open_episode()
+    old.append({"x": torch.arange(8)})
+    buffer.sample(2, 2)  # both draws from the only episode: retired, and reclaimed as oldest
+    info = buffer.episode_info(old.episode_id)
+    assert buffer.stats()["episodes_retired"] == 1 and len(buffer) == 0
+    assert info.is_open and (info.first_step, info.total_length) == (8, 8)
+    old.append({"x": torch.arange(8, 16)})  # committed, but the episode is retired
+    assert len(buffer) == 8 and buffer.num_eligible(Window(2)) == 0
+    other = buffer.add(Episode({"x": torch.arange(12)}))
+    assert set(buffer.sample(2, 2).episode_ids.tolist()) == {other}
+    assert old.episode_id not in buffer  # its retired segments went once oldest
+    assert buffer.episode_info(old.episode_id).first_step == 16
