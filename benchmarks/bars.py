@@ -137,8 +137,8 @@ BARS = (
         versus="memcpy",
     ),
     BarSpec(
-        name="gather_windows of windows crossing seams (L = 256) vs the same windows on a "
-        "whole-episode buffer",
+        name="gather_windows of windows crossing seams (L = 256, 16 interleaved streams) vs "
+        "the same windows on a whole-episode buffer",
         numerator="segments.gather",
         denominator="segments.gather.whole",
         limit=1.1,
@@ -181,6 +181,12 @@ BESIDE = (
         "segments.append.pieces",
         "segments.memcpy",
         fmt="{:.1f}x",
+    ),
+    _beside(
+        "gather_windows across seams of segments stored back to back (filled by add) vs "
+        "a whole-episode buffer",
+        "segments.gather.adjacent",
+        "segments.gather.whole",
     ),
     _beside(
         "uniform sample_windows, segmented buffer (L = 256) vs whole-episode buffer",
@@ -233,6 +239,7 @@ _OWN_BASELINE = {
     "segments.append": ("segments.memcpy", "x memcpy"),
     "segments.append.pieces": ("segments.memcpy", "x memcpy"),
     "segments.gather": ("segments.gather.whole", "x whole-episode buffer"),
+    "segments.gather.adjacent": ("segments.gather.whole", "x whole-episode buffer"),
     "segments.uniform": ("segments.uniform.whole", "x whole-episode buffer"),
 }
 

@@ -16,6 +16,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +30,8 @@ from benchmarks.timing import measure_rounds
 from lucid_replay import PrioritizedSequenceReplay, Window
 
 ANCHOR_SETS = 64  # prepared anchor sets, cycled (as the floor's window sets)
+INTERLEAVED_STREAMS = 16  # episodes streamed at once into the interleaved buffer
+INTERLEAVED_PIECE = 64  # steps per append there
 OTHER_EVERY = 8  # the memory row opens, fills and closes another stream every 8 appends
 
 
@@ -39,8 +42,10 @@ def segment_rows(config: Config, dataset: Dataset, only: Only) -> list[Row]:
         segmented = build(config, dataset, segment_length=config.segment_length)
         if only("segments.gather") or only("segments.uniform"):
             whole = build(config, dataset)
-            rows += [r for r in seam_rows(config, dataset, whole, segmented) if only(r.id)]
-            del whole
+            interleaved = build_interleaved(config, dataset)
+            buffers = (whole, segmented, interleaved)
+            rows += [r for r in seam_rows(config, dataset, *buffers) if only(r.id)]
+            del whole, interleaved, buffers
             release()
         if only("segments.append"):
             rows += append_rows(config, segmented, dataset)
@@ -52,11 +57,43 @@ def segment_rows(config: Config, dataset: Dataset, only: Only) -> list[Row]:
 
 
 # ------------------------------------------------------------------------------- seams
+def build_interleaved(config: Config, dataset: Dataset) -> PrioritizedSequenceReplay:
+    """The reference episodes streamed ``INTERLEAVED_STREAMS`` at a time, round robin, in
+    pieces of ``INTERLEAVED_PIECE`` steps: as many actors' streams commit them, no two
+    segments of an episode are adjacent in the ring (their records cannot be read as one
+    run). Episodes are opened in data set order, so ids match `build`'s."""
+    buffer = PrioritizedSequenceReplay(
+        config.transitions,
+        alpha=config.alpha,
+        beta=config.beta,
+        seed=config.seed,
+        segment_length=config.segment_length,
+    )
+    waiting = iter(range(len(dataset.lengths)))
+    open_streams: list[tuple[Any, int, int]] = []  # (stream, episode index, next step)
+    while True:
+        while len(open_streams) < INTERLEAVED_STREAMS:
+            index = next(waiting, None)
+            if index is None:
+                break
+            open_streams.append((buffer.open_episode(), index, 0))
+        if not open_streams:
+            return buffer
+        stream, index, step = open_streams.pop(0)
+        steps, terminated = dataset.episode(index)
+        end = min(step + INTERLEAVED_PIECE, dataset.lengths[index])
+        stream.append({name: values[step:end] for name, values in steps.items()})
+        if end == dataset.lengths[index]:
+            stream.close(terminated=terminated)
+        else:
+            open_streams.append((stream, index, end))
+
+
 def seam_anchors(
     config: Config,
     dataset: Dataset,
     whole: PrioritizedSequenceReplay,
-    segmented: PrioritizedSequenceReplay,
+    *segmented: PrioritizedSequenceReplay,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``ANCHOR_SETS`` sets of ``batch`` (episode ids, anchor steps) whose windows cross a
     seam of ``segmented``, in episodes stored whole in both buffers.
@@ -70,10 +107,10 @@ def seam_anchors(
     before, after = config.burn_in * config.dilation, (size - 1 - config.burn_in) * config.dilation
     candidates = []  # (episode id, seam step, episode length)
     for episode_id, steps in enumerate(dataset.lengths):
-        if episode_id not in whole or episode_id not in segmented:
+        if episode_id not in whole or any(episode_id not in buffer for buffer in segmented):
             continue
-        info = segmented.episode_info(episode_id)
-        if info.first_step == 0 and info.stored_length == steps:
+        infos = [buffer.episode_info(episode_id) for buffer in segmented]
+        if all(info.first_step == 0 and info.stored_length == steps for info in infos):
             candidates += [(episode_id, seam, steps) for seam in range(length, steps, length)]
     if not candidates or before + after == 0:
         raise ValueError("no stored window crosses a seam: episodes must exceed segment_length")
@@ -123,20 +160,28 @@ def seam_rows(
     dataset: Dataset,
     whole: PrioritizedSequenceReplay,
     segmented: PrioritizedSequenceReplay,
+    interleaved: PrioritizedSequenceReplay,
 ) -> list[Row]:
-    """``gather_windows`` of the same seam-crossing windows on both buffers, and uniform
-    ``sample_windows`` on both, all four timed in rounds of one call each.
+    """``gather_windows`` of the same seam-crossing windows on the three buffers, and
+    uniform ``sample_windows`` on two, all timed in rounds of one call each.
 
-    Both gathers cycle through the same ``ANCHOR_SETS`` anchor sets, so each call reads
-    windows no recent call read, as the cold floor does.
+    ``segmented`` was filled by ``add`` (an episode's segments lie back to back, so its
+    windows read as runs across seams); ``interleaved`` by interleaved streams (they do
+    not: records past a seam are read one by one). The gathers cycle through the same
+    ``ANCHOR_SETS`` anchor sets, so each call reads windows no recent call read, as the
+    cold floor does.
     """
     window = reference_window(config)
-    sets = seam_anchors(config, dataset, whole, segmented)
-    same = _same_windows(whole, segmented, sets[0], window)
+    sets = seam_anchors(config, dataset, whole, segmented, interleaved)
+    same = _same_windows(whole, segmented, sets[0], window) and _same_windows(
+        whole, interleaved, sets[0], window
+    )
     on_whole, on_segmented = itertools.cycle(sets), itertools.cycle(sets)
+    on_interleaved = itertools.cycle(sets)
     batch = config.batch
     calls: dict[str, Callable[[], object]] = {
-        "segments.gather": lambda: segmented.gather_windows(*next(on_segmented), window),
+        "segments.gather": lambda: interleaved.gather_windows(*next(on_interleaved), window),
+        "segments.gather.adjacent": lambda: segmented.gather_windows(*next(on_segmented), window),
         "segments.gather.whole": lambda: whole.gather_windows(*next(on_whole), window),
         "segments.uniform": lambda: segmented.sample_windows(batch, window, prioritized=False),
         "segments.uniform.whole": lambda: whole.sample_windows(batch, window, prioritized=False),
@@ -151,10 +196,18 @@ def seam_rows(
         Row.timed(
             "segments.gather",
             f"{label} (L = {length}; {outside:.0%} of their records outside the anchor's "
-            "segment), segmented buffer" + ("" if same else " — **records differ**"),
+            f"segment), segmented buffer filled by {INTERLEAVED_STREAMS} interleaved streams"
+            + ("" if same else " — **records differ**"),
             timings["segments.gather"],
             group="segments",
             extra=extra,
+        ),
+        Row.timed(
+            "segments.gather.adjacent",
+            f"{label}: the same windows, segmented buffer filled by add (an episode's "
+            "segments back to back in the ring)",
+            timings["segments.gather.adjacent"],
+            group="segments",
         ),
         Row.timed(
             "segments.gather.whole",

@@ -158,6 +158,10 @@ class Schema(Mapping[str, FieldSpec]):
     def __getitem__(self, name: str) -> FieldSpec:
         return self._fields[name]
 
+    def specs(self) -> dict[str, FieldSpec]:
+        """The fields as a plain dict, read only (iterated without the `Mapping` machinery)."""
+        return self._fields
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._fields)
 

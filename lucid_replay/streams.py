@@ -382,21 +382,23 @@ def _matching(
     """
     if schema is None or type(steps) is not dict or len(steps) != len(schema):
         return None
-    total = -1
-    for name, (shape, dtype) in schema.items():
+    total, host = -1, cast("dict[str, np.ndarray] | None", {})
+    for name, (shape, dtype) in schema.specs().items():
         values = steps.get(name)
         if type(values) is not torch.Tensor or values.dtype != dtype or values.requires_grad:
             return None
-        if values.dim() != len(shape) + 1 or values.shape[1:] != shape:
+        size = values.shape
+        if len(size) != len(shape) + 1 or size[1:] != shape:
             return None
-        if total != values.shape[0]:
+        if total != size[0]:
             if total >= 0:
                 return None
-            total = values.shape[0]
+            total = size[0]
+        if host is not None:
+            try:  # a device tensor, or a dtype numpy lacks, has none
+                host[name] = values.numpy()
+            except (TypeError, RuntimeError):
+                host = None
     if not 1 <= total <= capacity:
         return None
-    try:
-        host = {name: t.numpy() for name, t in steps.items()}
-    except (TypeError, RuntimeError):  # a device tensor, or a dtype numpy lacks
-        host = None
     return steps, host, total
