@@ -8,7 +8,9 @@ the window back at most to the first stored step, and a record at the last step 
 terminated episode is terminal. Each record then finds the segment holding its step by
 walking the episode's chain of segments from the anchor's (a window of ``S`` steps crosses
 at most ``S / segment_length + 1`` seams). Records in the anchor's own segment are read as
-one run; the others are read one by one (`Records.exact`).
+one run, and so are those of segments stored right after it (committed back to back, as
+``add`` and a lone stream commit them: their ``base`` is the anchor's); the others are read
+one by one (`Records.exact`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def expand_segments(
         is_init=engine.view(is_init),
         terminal=engine.view(terminal),
         clamped=True,
-        exact=engine.view(valid & (record_rows == rows[:, None])),
+        exact=engine.view(valid & (base[record_rows] == base[rows][:, None])),
     )
 
 
@@ -154,7 +156,7 @@ def _expanded_by_loop(
     """`expand_segments` by `expand_segments_loop` (the same records), on CPU arrays."""
     count = int(anchors.rows.shape[0])
     shape = (count, size)
-    rows, exact = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.bool_)
+    rows, exact = _scratch(table, shape)
     if into is None:
         steps, record_ids = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64)
         valid, is_init = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
@@ -208,6 +210,22 @@ def _expanded_by_loop(
     )
 
 
+def _scratch(table: EpisodeTable, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Record rows and run flags ``shape``, kept on ``table`` for the next draw of that shape.
+
+    They live only until the gather of the draw that asked (under the buffer's lock); new
+    arrays of a batch's size (~0.2 MB) would be fresh pages from the OS at every draw.
+    """
+    kept: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = table.__dict__.setdefault(
+        "_seam_scratch", {}
+    )
+    if shape not in kept:
+        if len(kept) >= 4:
+            kept.clear()
+        kept[shape] = (np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.bool_))
+    return kept[shape]
+
+
 @engine.jit
 def expand_segments_loop(
     anchor_rows: np.ndarray,
@@ -254,17 +272,30 @@ def expand_segments_loop(
             anchor -= min(overrun, anchor - first)
         first_target = anchor - burn_in * dilation
         first_offsets[b] = base[row] + first_target
-        current, seen = row, False
-        for k in range(size):
-            target = first_target + k * dilation
-            step = min(max(target, first), last)
-            while step < first_step[current]:
-                current = prev_key[current] & row_mask
-            while step >= first_step[current] + length[current]:
-                current = next_key[current] & row_mask
-            inside = first <= target <= last
-            steps[b, k], rows[b, k], record_ids[b, k] = step, current, episode_ids[b]
-            valid[b, k], exact[b, k] = inside, inside and current == row
-            is_init[b, k] = inside and not seen
-            seen = seen or inside
+        # Records first_valid .. final_valid target stored steps (as in `expand_loop`).
+        first_valid = max(0, -((first_target - first) // dilation))
+        final_valid = min(size - 1, (last - first_target) // dilation)
+        episode = episode_ids[b]
+        for k in range(size):  # one pass without branches across records
+            step = min(max(first_target + k * dilation, first), last)
+            steps[b, k] = step
+            valid[b, k] = first_valid <= k <= final_valid
+            is_init[b, k] = k == first_valid
             terminal[b, k] = ended and step == last
+            record_ids[b, k] = episode
+        # Then each record's segment: steps rise with k, so the walk only moves forward
+        # once it reached the first record's segment.
+        current, run_base = row, base[row]
+        while steps[b, 0] < first_step[current]:
+            current = prev_key[current] & row_mask
+        high = first_step[current] + length[current]
+        same = base[current] == run_base
+        for k in range(size):
+            step = steps[b, k]
+            if step >= high:
+                while step >= high:
+                    current = next_key[current] & row_mask
+                    high = first_step[current] + length[current]
+                same = base[current] == run_base
+            rows[b, k] = current
+            exact[b, k] = same and first_valid <= k <= final_valid
