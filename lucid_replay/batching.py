@@ -102,7 +102,7 @@ class Batcher:
             shape = (int(records.valid.shape[0]), length)
             parts = (records.rows, records.steps)
             first, exact = records.first_offsets, records.exact
-            self._gather(ring, table, shape, batch.data, first, 1, parts, exact)
+            self._gather(ring, table, shape, batch.data, first, 1, parts, exact, records.runs)
         else:
             first = table.offsets(anchors.rows, anchors.steps)
             shape = (int(first.shape[0]), length)
@@ -133,7 +133,15 @@ class Batcher:
         if exact is None:
             exact = records.valid if records.clamped else None
         self._gather(
-            ring, table, shape, batch.data, records.first_offsets, window.dilation, parts, exact
+            ring,
+            table,
+            shape,
+            batch.data,
+            records.first_offsets,
+            window.dilation,
+            parts,
+            exact,
+            records.runs,
         )
         if not records.filled:  # else `expand` wrote them all into the batch
             _copy(batch.validity_mask, records.valid)
@@ -161,6 +169,7 @@ class Batcher:
         stride: int,
         records: tuple[Array, Array] | None,
         exact: Array | None,
+        runs: tuple[Array, Array, int] | None = None,
     ) -> None:
         """The ring's records (see `TransitionRing.gather_runs`) into ``out``, on its device.
 
@@ -171,10 +180,12 @@ class Batcher:
         device = next(iter(out.values())).device
         size = shape[1]
         if ring.device == device:
-            ring.gather_runs(table, first_offsets, size, stride, records, exact, out)
+            ring.gather_runs(table, first_offsets, size, stride, records, exact, out, runs)
         elif ring.device.type == "cpu" and device.type == "cuda":
             pinned = self._staging(ring, shape)
-            gathered = ring.gather_runs(table, first_offsets, size, stride, records, exact, pinned)
+            gathered = ring.gather_runs(
+                table, first_offsets, size, stride, records, exact, pinned, runs
+            )
             for name, values in gathered.items():
                 out[name].copy_(values, non_blocking=True)
             self._note_copies(device)

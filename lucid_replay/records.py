@@ -58,6 +58,7 @@ class Records:
     clamped: bool
     filled: bool = False
     exact: Array = None  # [B, W]: records at their run offset (None: ``valid`` if clamped)
+    runs: tuple[Array, Array, int] | None = None  # see `TransitionRing.gather_runs`
 
 
 @attrs.frozen(eq=False)

@@ -160,6 +160,7 @@ class TransitionRing:
         records: tuple[Array, Array] | None,
         exact: Array | None,
         out: Mapping[str, torch.Tensor] | None = None,
+        listed: tuple[np.ndarray, np.ndarray, int] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Gather ``B`` runs of ``size`` records (``[B, size, *field_shape]``) stored in ``table``.
 
@@ -169,6 +170,10 @@ class TransitionRing:
         ``records = (rows, steps)`` (``[B, size]``, or ``[B, 1]`` rows for one episode per
         window; ``None`` only with ``exact=None``): offset `EpisodeTable.offsets`. All are
         `engine` arrays.
+
+        ``listed`` (with the kernels, into CPU memory): the windows' records as runs already
+        listed (offsets, first and end record, kind; their windows; their count), as the
+        expansion of windows across segment seams lists them: copied as they are.
 
         Each run is read as one block through a strided view of the ring (about 30% faster
         than gathering its records one by one). With the compiled kernels, CPU storage and
@@ -188,6 +193,13 @@ class TransitionRing:
         oldest_offset = table.oldest_offset
         if engine.compiled(firsts) and out is not None and _on_cpu(out):
             ring_copies = _ring_copies()
+            if listed is not None:  # the windows' runs, listed by their expansion
+                targets = np.array([out[name].data_ptr() for name in self.fields], dtype=np.int64)
+                lap = oldest_offset - oldest_offset % self.capacity
+                ring_copies.copy_runs(
+                    targets, self._addresses, self._row_bytes, size, *listed, self.capacity, lap
+                )
+                return dict(out)
 
             # The runs are copied first; those that are clamped or cross the seam read any
             # run in range, and gather_records overwrites them, so with most records clamped

@@ -242,6 +242,49 @@ _AHEAD = 4  # windows between a prefetch and its copy
 
 
 @jit
+def copy_runs(
+    targets: np.ndarray,
+    sources: np.ndarray,
+    row_bytes: np.ndarray,
+    size: int,
+    runs: np.ndarray,
+    windows: np.ndarray,
+    count: int,
+    capacity: int,
+    base: int,
+) -> None:
+    """Copy ``count`` listed runs of records into the batch rows ``windows`` of each field.
+
+    ``runs`` columns are (global offset, first record, end record, kind); ``targets``,
+    ``sources`` and ``row_bytes`` are `gather_records`' arguments. A run of kind 1 holds
+    consecutive offsets (split where it crosses the ring's end), one of kind 0 repeats one
+    offset (a window clamped to an episode's first or last step), as `_add_record`'s.
+    ``base`` is the offset of slot 0 in the oldest stored lap.
+    """
+    run = np.empty(4, dtype=np.int64)
+    for r in range(count):
+        slot = runs[0, r] - base
+        if slot >= capacity:
+            slot -= capacity
+        if not 0 <= slot < capacity:  # a raw-memory guard, as in gather_records
+            raise IndexError("copy_runs: an offset outside the stored range")
+    for f in range(targets.shape[0]):
+        width = row_bytes[f]
+        for r in range(count):
+            slot = runs[0, r] - base
+            if slot >= capacity:
+                slot -= capacity
+            begin, end = runs[1, r], runs[2, r]
+            into = targets[f] + windows[r] * size * width
+            first = min(end - begin, capacity - slot) if runs[3, r] == 1 else end - begin
+            run[0], run[1], run[2], run[3] = slot, begin, begin + first, runs[3, r]
+            _copy_run(into, sources[f], width, run)
+            if begin + first < end:  # the rest of a run across the ring's end
+                run[0], run[1], run[2] = 0, begin + first, end
+                _copy_run(into, sources[f], width, run)
+
+
+@jit
 def copy_blocks(
     targets: np.ndarray,
     sources: np.ndarray,

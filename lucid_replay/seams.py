@@ -156,7 +156,7 @@ def _expanded_by_loop(
     """`expand_segments` by `expand_segments_loop` (the same records), on CPU arrays."""
     count = int(anchors.rows.shape[0])
     shape = (count, size)
-    rows, exact = _scratch(table, shape)
+    rows, exact, runs, run_windows = _scratch(table, shape)
     if into is None:
         steps, record_ids = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64)
         valid, is_init = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
@@ -195,6 +195,8 @@ def _expanded_by_loop(
         is_init,
         terminal,
         first_offsets,
+        runs,
+        run_windows,
     )
     return Records(
         first_offsets=first_offsets,
@@ -207,22 +209,32 @@ def _expanded_by_loop(
         clamped=True,
         filled=into is not None,
         exact=exact,
+        runs=None if dilation != 1 else (runs, run_windows, int(run_windows[-1])),
     )
 
 
-def _scratch(table: EpisodeTable, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Record rows and run flags ``shape``, kept on ``table`` for the next draw of that shape.
+_Scratch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
-    They live only until the gather of the draw that asked (under the buffer's lock); new
-    arrays of a batch's size (~0.2 MB) would be fresh pages from the OS at every draw.
+
+def _scratch(table: EpisodeTable, shape: tuple[int, int]) -> _Scratch:
+    """Record rows, run flags and the run list of ``shape`` records, kept on ``table``.
+
+    Kept for the next draw of that shape: they live only until the gather of the draw that
+    asked (under the buffer's lock); new arrays of a batch's size (~0.2 MB) would be fresh
+    pages from the OS at every draw. The run list has room for a run per record; its
+    windows' last entry holds the run count.
     """
-    kept: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = table.__dict__.setdefault(
-        "_seam_scratch", {}
-    )
+    kept: dict[tuple[int, int], _Scratch] = table.__dict__.setdefault("_seam_scratch", {})
     if shape not in kept:
         if len(kept) >= 4:
             kept.clear()
-        kept[shape] = (np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.bool_))
+        records = shape[0] * shape[1]
+        kept[shape] = (
+            np.empty(shape, dtype=np.int64),
+            np.empty(shape, dtype=np.bool_),
+            np.empty((4, records), dtype=np.int64),
+            np.empty(records + 1, dtype=np.int64),
+        )
     return kept[shape]
 
 
@@ -253,14 +265,23 @@ def expand_segments_loop(
     is_init: np.ndarray,
     terminal: np.ndarray,
     first_offsets: np.ndarray,
+    runs: np.ndarray,
+    run_windows: np.ndarray,
 ) -> None:
     """`expand_segments`, compiled: the same records, one window at a time.
 
     A window's records target rising steps, so each record's segment is found by walking
     on from the previous record's (from the anchor's for the first), never back and forth.
     ``stop_span`` is -1 unless the boundary is ``stop``.
+
+    Also lists each window's records as runs for the gather (`ring_copies.copy_runs`):
+    columns of ``runs`` (global offset, first record, end record, kind 1: consecutive
+    steps of one segment, kind 0: records clamped to one step), their window in
+    ``run_windows``, and the run count in ``run_windows[-1]``. Only consecutive steps
+    (``dilation == 1``) make runs longer than one record; the caller uses the list then.
     """
     size = steps.shape[1]
+    count = 0
     for b in range(anchor_rows.shape[0]):
         row = anchor_rows[b]
         owner = slot[row]
@@ -290,12 +311,25 @@ def expand_segments_loop(
             current = prev_key[current] & row_mask
         high = first_step[current] + length[current]
         same = base[current] == run_base
+        state = -2  # of the previous record: -1 before the episode, 0 inside, 1 after
         for k in range(size):
             step = steps[b, k]
+            moved = False
             if step >= high:
                 while step >= high:
                     current = next_key[current] & row_mask
                     high = first_step[current] + length[current]
                 same = base[current] == run_base
+                moved = True
             rows[b, k] = current
-            exact[b, k] = same and first_valid <= k <= final_valid
+            inside = first_valid <= k <= final_valid
+            exact[b, k] = same and inside
+            now = 0 if inside else (-1 if k < first_valid else 1)
+            if moved or now != state:  # a new run: another segment, or clamped
+                runs[0, count], runs[1, count] = base[current] + step, k
+                runs[3, count] = 1 if now == 0 else 0
+                run_windows[count] = b
+                count += 1
+                state = now
+            runs[2, count - 1] = k + 1
+    run_windows[run_windows.shape[0] - 1] = count
