@@ -271,6 +271,11 @@ def copy_runs(
     for f in range(targets.shape[0]):
         width = row_bytes[f]
         for r in range(count):
+            if r + _AHEAD < count:  # as copy_blocks: the run _AHEAD on is read from cold memory
+                ahead = runs[0, r + _AHEAD] - base
+                prefetch_read(
+                    sources[f] + (ahead - capacity if ahead >= capacity else ahead) * width
+                )
             slot = runs[0, r] - base
             if slot >= capacity:
                 slot -= capacity
