@@ -161,12 +161,11 @@ def _expanded_by_loop(
         steps, record_ids = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64)
         valid, is_init = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
         terminal = np.empty(shape, dtype=np.bool_)
+        learning_mask, sequence = _NO_MASK, _NO_SEQUENCE  # not written
     else:
         steps, record_ids, valid = into.steps, into.episode_ids, into.valid
         is_init, terminal = into.is_init, into.terminal
-        record = np.arange(size)
-        into.learning[...] = (record >= learning[0]) & (record < learning[1])
-        into.sequence[...] = record
+        learning_mask, sequence = into.learning, into.sequence
     first_offsets = np.empty(count, dtype=np.int64)
     owners, column = table.owners(), table.arrays
     expand_segments_loop(
@@ -197,6 +196,9 @@ def _expanded_by_loop(
         first_offsets,
         runs,
         run_windows,
+        learning_mask,
+        sequence,
+        *learning,
     )
     return Records(
         first_offsets=first_offsets,
@@ -214,6 +216,8 @@ def _expanded_by_loop(
 
 
 _Scratch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+_NO_MASK = np.empty((0, 0), dtype=np.bool_)  # the loop's optional outputs, absent
+_NO_SEQUENCE = np.empty((0, 0), dtype=np.int64)
 
 
 def _scratch(table: EpisodeTable, shape: tuple[int, int]) -> _Scratch:
@@ -267,6 +271,10 @@ def expand_segments_loop(
     first_offsets: np.ndarray,
     runs: np.ndarray,
     run_windows: np.ndarray,
+    learning: np.ndarray,
+    sequence: np.ndarray,
+    learning_first: int,
+    learning_end: int,
 ) -> None:
     """`expand_segments`, compiled: the same records, one window at a time.
 
@@ -279,20 +287,33 @@ def expand_segments_loop(
     steps of one segment, kind 0: records clamped to one step), their window in
     ``run_windows``, and the run count in ``run_windows[-1]``. Only consecutive steps
     (``dilation == 1``) make runs longer than one record; the caller uses the list then.
+    ``learning`` and ``sequence`` (unless they have no rows) receive the window's learning
+    mask (records ``learning_first .. learning_end - 1``) and record index.
     """
-    size = steps.shape[1]
+    constants = learning.shape[0] > 0
+    size, windows = steps.shape[1], anchor_rows.shape[0]
     count = 0
-    for b in range(anchor_rows.shape[0]):
+    # The windows' table and directory entries first, in a loop of independent loads: the
+    # memory misses of a cold table overlap there, not one window after another below.
+    firsts, lasts = np.empty(windows, dtype=np.int64), np.empty(windows, dtype=np.int64)
+    ends, bases = np.empty(windows, dtype=np.bool_), np.empty(windows, dtype=np.int64)
+    touched = 0
+    for b in range(windows):
         row = anchor_rows[b]
         owner = slot[row]
-        first, last = first_stored[owner], total[owner] - 1
-        ended = terminated[owner] and not opened[owner]
+        firsts[b], lasts[b] = first_stored[owner], total[owner] - 1
+        ends[b] = terminated[owner] and not opened[owner]
+        bases[b] = base[row]
+        touched += first_step[row] + length[row] + prev_key[row] + next_key[row]
+    for b in range(windows):
+        row = anchor_rows[b]
+        first, last, ended = firsts[b], lasts[b], ends[b]
         anchor = anchor_steps[b]
         if stop_span >= 0:
             overrun = max(stop_span - (last - anchor), 0)
             anchor -= min(overrun, anchor - first)
         first_target = anchor - burn_in * dilation
-        first_offsets[b] = base[row] + first_target
+        first_offsets[b] = bases[b] + first_target
         # Records first_valid .. final_valid target stored steps (as in `expand_loop`).
         first_valid = max(0, -((first_target - first) // dilation))
         final_valid = min(size - 1, (last - first_target) // dilation)
@@ -304,6 +325,9 @@ def expand_segments_loop(
             is_init[b, k] = k == first_valid
             terminal[b, k] = ended and step == last
             record_ids[b, k] = episode
+            if constants:
+                learning[b, k] = learning_first <= k < learning_end
+                sequence[b, k] = k
         # Then each record's segment: steps rise with k, so the walk only moves forward
         # once it reached the first record's segment.
         current, run_base = row, base[row]
@@ -311,25 +335,67 @@ def expand_segments_loop(
             current = prev_key[current] & row_mask
         high = first_step[current] + length[current]
         same = base[current] == run_base
-        state = -2  # of the previous record: -1 before the episode, 0 inside, 1 after
         for k in range(size):
             step = steps[b, k]
-            moved = False
             if step >= high:
                 while step >= high:
                     current = next_key[current] & row_mask
                     high = first_step[current] + length[current]
                 same = base[current] == run_base
-                moved = True
             rows[b, k] = current
-            inside = first_valid <= k <= final_valid
-            exact[b, k] = same and inside
-            now = 0 if inside else (-1 if k < first_valid else 1)
-            if moved or now != state:  # a new run: another segment, or clamped
-                runs[0, count], runs[1, count] = base[current] + step, k
-                runs[3, count] = 1 if now == 0 else 0
-                run_windows[count] = b
-                count += 1
-                state = now
-            runs[2, count - 1] = k + 1
-    run_windows[run_windows.shape[0] - 1] = count
+            exact[b, k] = same and first_valid <= k <= final_valid
+        if dilation == 1:  # the window's runs, from its segments' bounds
+            count = _list_runs(
+                b,
+                first_target,
+                first_valid,
+                final_valid,
+                size,
+                rows,
+                steps,
+                first_step,
+                length,
+                base,
+                runs,
+                run_windows,
+                count,
+            )
+    run_windows[run_windows.shape[0] - 1] = count + 0 * touched
+
+
+@engine.jit
+def _list_runs(
+    b: int,
+    first_target: int,
+    first_valid: int,
+    final_valid: int,
+    size: int,
+    rows: np.ndarray,
+    steps: np.ndarray,
+    first_step: np.ndarray,
+    length: np.ndarray,
+    base: np.ndarray,
+    runs: np.ndarray,
+    run_windows: np.ndarray,
+    count: int,
+) -> int:
+    """Append window ``b``'s runs (dilation 1) to ``runs``; returns the new run count.
+
+    The records clamped before the episode repeat its first stored step (kind 0), each
+    segment's valid records are consecutive steps (kind 1), the records clamped after it
+    repeat its last step (kind 0).
+    """
+    bounds = (0, first_valid, final_valid + 1, size)
+    for part in range(3):
+        begin, end = bounds[part], bounds[part + 1]
+        while begin < end:
+            row = rows[b, begin]
+            stop = end
+            if part == 1:  # up to the last step of this record's segment
+                stop = min(end, first_step[row] + length[row] - first_target)
+            runs[0, count], runs[1, count] = base[row] + steps[b, begin], begin
+            runs[2, count], runs[3, count] = stop, 1 if part == 1 else 0
+            run_windows[count] = b
+            count += 1
+            begin = stop
+    return count
