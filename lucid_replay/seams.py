@@ -7,10 +7,12 @@ clamp to the episode's first stored step and to its last committed step, ``stop`
 the window back at most to the first stored step, and a record at the last step of a
 terminated episode is terminal. Each record then finds the segment holding its step by
 walking the episode's chain of segments from the anchor's (a window of ``S`` steps crosses
-at most ``S / segment_length + 1`` seams). Records in the anchor's own segment are read as
-one run, and so are those of segments stored right after it (committed back to back, as
-``add`` and a lone stream commit them: their ``base`` is the anchor's); the others are read
-one by one (`Records.exact`).
+at most ``S / segment_length + 1`` seams). The gather reads a window as runs: with
+``dilation == 1`` the compiled expansion lists them (the steps of one segment, or records
+clamped to one step; `ring_copies.copy_runs` copies them), elsewhere the records of the
+anchor's segment, and of segments committed back to back with it (``add`` and a lone stream
+commit them so: their ``base`` is the anchor's), are one run and the others are read one by
+one (`Records.exact`).
 """
 
 from __future__ import annotations
@@ -297,14 +299,12 @@ def expand_segments_loop(
     # memory misses of a cold table overlap there, not one window after another below.
     firsts, lasts = np.empty(windows, dtype=np.int64), np.empty(windows, dtype=np.int64)
     ends, bases = np.empty(windows, dtype=np.bool_), np.empty(windows, dtype=np.int64)
-    touched = 0
     for b in range(windows):
         row = anchor_rows[b]
         owner = slot[row]
         firsts[b], lasts[b] = first_stored[owner], total[owner] - 1
         ends[b] = terminated[owner] and not opened[owner]
         bases[b] = base[row]
-        touched += first_step[row] + length[row] + prev_key[row] + next_key[row]
     for b in range(windows):
         row = anchor_rows[b]
         first, last, ended = firsts[b], lasts[b], ends[b]
@@ -360,7 +360,7 @@ def expand_segments_loop(
                 run_windows,
                 count,
             )
-    run_windows[run_windows.shape[0] - 1] = count + 0 * touched
+    run_windows[run_windows.shape[0] - 1] = count
 
 
 @engine.jit
