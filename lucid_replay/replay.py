@@ -19,11 +19,11 @@ from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch, record_posi
 from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must, must_have, wrong_type
+from lucid_replay.errors import must, wrong_type
 from lucid_replay.prefetch import Prefetcher, recycling
 from lucid_replay.saving import Checkpointing
 from lucid_replay.schema import Schema
-from lucid_replay.segments import PRIORITY_UNITS
+from lucid_replay.segments import checked_segmenting
 from lucid_replay.streams import EpisodeStreams
 from lucid_replay.window import MAX_RECORDS, Window, check_window
 
@@ -111,19 +111,12 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
         self._capacity = check_int("capacity", capacity, minimum=1, maximum=2**62)
         if unit not in _UNITS:
             raise must("unit", f"one of {_UNITS}", unit)
-        if segment_length is not None:
-            segment_length = check_int(
-                "segment_length", segment_length, minimum=1, maximum=self._capacity
-            )
-        priority_unit = self.__dict__.get("_priority_unit", "episode")  # set by subclasses
-        if priority_unit not in PRIORITY_UNITS:
-            raise must("priority_unit", f"one of {PRIORITY_UNITS}", priority_unit)
-        if priority_unit == "segment" and (segment_length is None or unit != "chunk"):
-            raise must_have(
-                "priority_unit",
-                '"episode" unless segment_length is set and unit="chunk"',
-                f'"segment" with segment_length={segment_length}, unit={unit!r}',
-            )
+        segment_length, priority_unit = checked_segmenting(
+            segment_length,
+            self.__dict__.get("_priority_unit", "episode"),  # set by subclasses
+            unit,
+            self._capacity,
+        )
         if max_times_sampled is not None:
             max_times_sampled = check_int("max_times_sampled", max_times_sampled, minimum=1)
         self._device = check_device("device", device)

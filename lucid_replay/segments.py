@@ -25,15 +25,37 @@ import numpy as np
 import torch
 
 from lucid_replay import engine
-from lucid_replay.checks import as_vector
+from lucid_replay.checks import as_vector, check_int
 from lucid_replay.directory import EpisodeDirectory
-from lucid_replay.errors import UnknownEpisodeError, must, wrong_type
+from lucid_replay.errors import UnknownEpisodeError, must, must_have, wrong_type
 from lucid_replay.records import Anchors
 from lucid_replay.seams import rows_holding
 
 __all__: list[str] = []  # internal module
 
 PRIORITY_UNITS = ("episode", "segment")
+
+
+def checked_segmenting(
+    segment_length: object, priority_unit: object, unit: str, capacity: int
+) -> tuple[int | None, str]:
+    """``segment_length`` (``None``, or ``1 .. capacity``) and ``priority_unit``, checked.
+
+    ``priority_unit="segment"`` needs a ``segment_length`` and ``unit="chunk"``: a segment's
+    priority weighs its anchors, which a draw by episode does not count.
+    """
+    length = None
+    if segment_length is not None:
+        length = check_int("segment_length", segment_length, minimum=1, maximum=capacity)
+    if not isinstance(priority_unit, str) or priority_unit not in PRIORITY_UNITS:
+        raise must("priority_unit", f"one of {PRIORITY_UNITS}", priority_unit)
+    if priority_unit == "segment" and (length is None or unit != "chunk"):
+        raise must_have(
+            "priority_unit",
+            '"episode" unless segment_length is set and unit="chunk"',
+            f'"segment" with segment_length={length}, unit={unit!r}',
+        )
+    return length, priority_unit
 
 
 class Segments:

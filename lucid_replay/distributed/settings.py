@@ -25,9 +25,9 @@ from lucid_replay.distributed.limiter import (
     check_limiter,
 )
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must, must_have, wrong_kind, wrong_type
+from lucid_replay.errors import must, wrong_kind, wrong_type
 from lucid_replay.schema import Schema
-from lucid_replay.segments import PRIORITY_UNITS
+from lucid_replay.segments import checked_segmenting
 
 __all__: list[str] = []  # internal module
 
@@ -82,19 +82,7 @@ def checked_segments(
 
     As `PrioritizedSequenceReplay` checks them, against one shard's capacity.
     """
-    if segment_length is not None:
-        segment_length = check_int(
-            "segment_length", segment_length, minimum=1, maximum=shard_capacity
-        )
-    if priority_unit not in PRIORITY_UNITS:
-        raise must("priority_unit", f"one of {PRIORITY_UNITS}", priority_unit)
-    if priority_unit == "segment" and (segment_length is None or unit != "chunk"):
-        raise must_have(
-            "priority_unit",
-            '"episode" unless segment_length is set and unit="chunk"',
-            f'"segment" with segment_length={segment_length}, unit={unit!r}',
-        )
-    return segment_length, str(priority_unit)
+    return checked_segmenting(segment_length, priority_unit, unit, shard_capacity)
 
 
 def checked_checkpoints(directory: Any, every: Any) -> tuple[str | None, int | None]:
