@@ -170,6 +170,9 @@ def _expanded_by_loop(
         learning_mask, sequence = into.learning, into.sequence
     first_offsets = np.empty(count, dtype=np.int64)
     owners, column = table.owners(), table.arrays
+    # With `into` the batch is on the storage's CPU and the compiled gather copies the
+    # listed runs (dilation 1): each record's segment and run flag are then not needed.
+    per_record = into is None or dilation != 1
     expand_segments_loop(
         np.ascontiguousarray(anchors.rows),
         np.ascontiguousarray(anchors.steps),
@@ -201,7 +204,10 @@ def _expanded_by_loop(
         learning_mask,
         sequence,
         *learning,
+        per_record,
     )
+    if not per_record:  # the run list is the gather's only input: no per-record entries
+        rows, exact = np.ascontiguousarray(anchors.rows)[:, None], None
     return Records(
         first_offsets=first_offsets,
         rows=rows,
@@ -277,6 +283,7 @@ def expand_segments_loop(
     sequence: np.ndarray,
     learning_first: int,
     learning_end: int,
+    per_record: bool,
 ) -> None:
     """`expand_segments`, compiled: the same records, one window at a time.
 
@@ -290,7 +297,9 @@ def expand_segments_loop(
     ``run_windows``, and the run count in ``run_windows[-1]``. Only consecutive steps
     (``dilation == 1``) make runs longer than one record; the caller uses the list then.
     ``learning`` and ``sequence`` (unless they have no rows) receive the window's learning
-    mask (records ``learning_first .. learning_end - 1``) and record index.
+    mask (records ``learning_first .. learning_end - 1``) and record index. Without
+    ``per_record`` (the caller gathers by the run list) ``rows`` and ``exact`` are not
+    written.
     """
     constants = learning.shape[0] > 0
     size, windows = steps.shape[1], anchor_rows.shape[0]
@@ -328,6 +337,28 @@ def expand_segments_loop(
             if constants:
                 learning[b, k] = learning_first <= k < learning_end
                 sequence[b, k] = k
+        if dilation == 1:  # the window's runs, walking its segments' bounds
+            count = _list_runs(
+                b,
+                row,
+                first,
+                last,
+                first_target,
+                first_valid,
+                final_valid,
+                size,
+                first_step,
+                length,
+                prev_key,
+                next_key,
+                base,
+                row_mask,
+                runs,
+                run_windows,
+                count,
+            )
+            if not per_record:
+                continue
         # Then each record's segment: steps rise with k, so the walk only moves forward
         # once it reached the first record's segment.
         current, run_base = row, base[row]
@@ -344,56 +375,50 @@ def expand_segments_loop(
                 same = base[current] == run_base
             rows[b, k] = current
             exact[b, k] = same and first_valid <= k <= final_valid
-        if dilation == 1:  # the window's runs, from its segments' bounds
-            count = _list_runs(
-                b,
-                first_target,
-                first_valid,
-                final_valid,
-                size,
-                rows,
-                steps,
-                first_step,
-                length,
-                base,
-                runs,
-                run_windows,
-                count,
-            )
     run_windows[run_windows.shape[0] - 1] = count
 
 
 @engine.jit
 def _list_runs(
     b: int,
+    row: int,
+    first: int,
+    last: int,
     first_target: int,
     first_valid: int,
     final_valid: int,
     size: int,
-    rows: np.ndarray,
-    steps: np.ndarray,
     first_step: np.ndarray,
     length: np.ndarray,
+    prev_key: np.ndarray,
+    next_key: np.ndarray,
     base: np.ndarray,
+    row_mask: int,
     runs: np.ndarray,
     run_windows: np.ndarray,
     count: int,
 ) -> int:
     """Append window ``b``'s runs (dilation 1) to ``runs``; returns the new run count.
 
-    The records clamped before the episode repeat its first stored step (kind 0), each
-    segment's valid records are consecutive steps (kind 1), the records clamped after it
-    repeat its last step (kind 0).
+    The records clamped before the episode repeat its first stored step (kind 0), the valid
+    ones are consecutive steps of one segment each (kind 1: a new run at each seam), the
+    records clamped after it repeat its last step (kind 0). Segments are found by walking
+    the episode's chain from the anchor's ``row``: a few hops, no per-record work.
     """
     bounds = (0, first_valid, final_valid + 1, size)
+    current = row
     for part in range(3):
         begin, end = bounds[part], bounds[part + 1]
         while begin < end:
-            row = rows[b, begin]
+            step = first if part == 0 else (last if part == 2 else first_target + begin)
+            while step < first_step[current]:
+                current = prev_key[current] & row_mask
+            while step >= first_step[current] + length[current]:
+                current = next_key[current] & row_mask
             stop = end
-            if part == 1:  # up to the last step of this record's segment
-                stop = min(end, first_step[row] + length[row] - first_target)
-            runs[0, count], runs[1, count] = base[row] + steps[b, begin], begin
+            if part == 1:  # up to the last step of this segment
+                stop = min(end, first_step[current] + length[current] - first_target)
+            runs[0, count], runs[1, count] = base[current] + step, begin
             runs[2, count], runs[3, count] = stop, 1 if part == 1 else 0
             run_windows[count] = b
             count += 1
