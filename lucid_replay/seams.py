@@ -206,11 +206,13 @@ def _expanded_by_loop(
         *learning,
         per_record,
     )
+    record_rows: np.ndarray = rows
+    run_flags: np.ndarray | None = exact
     if not per_record:  # the run list is the gather's only input: no per-record entries
-        rows, exact = np.ascontiguousarray(anchors.rows)[:, None], None
+        record_rows, run_flags = np.ascontiguousarray(anchors.rows)[:, None], None
     return Records(
         first_offsets=first_offsets,
-        rows=rows,
+        rows=record_rows,
         episode_ids=record_ids,
         steps=steps,
         valid=valid,
@@ -218,7 +220,7 @@ def _expanded_by_loop(
         terminal=terminal,
         clamped=True,
         filled=into is not None,
-        exact=exact,
+        exact=run_flags,
         runs=None if dilation != 1 else (runs, run_windows, int(run_windows[-1])),
     )
 
