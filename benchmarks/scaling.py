@@ -57,8 +57,8 @@ def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
     10k-transition ring (2.7 MB) would otherwise be read from cache on every call, which no
     learner that runs a network between samples sees. It also puts every size under the same
     load. Each size's floor is a `GatherFloor` of that many records (the size of that
-    buffer's storage). The segmented series samples a second buffer of each size, holding the
-    same episodes in segments of ``segment_length`` steps.
+    buffer's storage). The segmented series (`_segmented_rows`) then samples buffers of the
+    same episodes stored in segments of ``segment_length`` steps.
     """
     rows: list[Row] = []
     window = reference_window(config)
@@ -113,27 +113,6 @@ def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
                     f"lucid_replay {series} sample_windows, {tag} transitions",
                     {**extra, "series": f"lucid {series}"},
                 )
-        if only("scale.T.segmented") or only(f"scale.T.{tag}"):
-            key, label = f"scale.T.{tag}.segmented", _segmented_label(config, tag)
-            # the buffer and its fill's transient copies, in the memory free now (the buffers
-            # and floors built so far already took theirs)
-            if not fits(config, size, copies=2.0):
-                reason = f"{size} more transitions need more memory than this machine has free"
-                rows.append(Row.not_measured(key, label, reason, group=group))
-                continue
-            segmented = buffers[key] = scaled_buffer(
-                config,
-                size,
-                lengths.__getitem__,
-                len(lengths),
-                source,
-                segment_length=config.segment_length,
-            )
-            built += size
-            calls[key] = functools.partial(
-                segmented.sample_windows, config.batch, window, prioritized=False
-            )
-            labels[key] = (label, {**extra, "series": "lucid segmented"})
     sweep = CacheSweep()
     timings = (
         measure_rounds(calls, reps=config.reps, warmup=config.warmup, before=sweep) if calls else {}
@@ -144,6 +123,7 @@ def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
     buffers.clear()
     floors.clear()
     release()
+    rows += _segmented_rows(config, source, only, lengths_of, sweep)
     for size, lengths in lengths_of.items():
         if only("scale.T.naive") and len(lengths) <= config.naive_max_episodes:
             tag = _label(size)
@@ -159,6 +139,60 @@ def transition_rows(config: Config, source: Dataset, only: Only) -> list[Row]:
             )
             del baseline
             release()
+    return rows
+
+
+def _segmented_rows(
+    config: Config,
+    source: Dataset,
+    only: Only,
+    lengths_of: dict[int, list[int]],
+    sweep: CacheSweep,
+) -> list[Row]:
+    """The segmented series: the same episodes of every size stored in segments of
+    ``segment_length`` steps, all alive together and timed in their own rounds.
+
+    Built once the whole-episode buffers are freed, so that neither series runs with the
+    other's gigabytes in memory (at 10M transitions each buffer holds 2.7 GB).
+    """
+    rows: list[Row] = []
+    window = reference_window(config)
+    group = "scale_transitions"
+    buffers: list[PrioritizedSequenceReplay] = []
+    calls: dict[str, Callable[[], object]] = {}
+    labels: dict[str, tuple[str, dict[str, object]]] = {}
+    built = 0
+    for size, lengths in lengths_of.items():
+        tag = _label(size)
+        if not (only("scale.T.segmented") or only(f"scale.T.{tag}")):
+            continue
+        key, label = f"scale.T.{tag}.segmented", _segmented_label(config, tag)
+        if not fits(config, built + size, copies=2.0):
+            reason = f"{size} transitions need more memory than this machine has free"
+            rows.append(Row.not_measured(key, label, reason, group=group))
+            continue
+        segmented = scaled_buffer(
+            config,
+            size,
+            lengths.__getitem__,
+            len(lengths),
+            source,
+            segment_length=config.segment_length,
+        )
+        buffers.append(segmented)
+        built += size
+        extra: dict[str, object] = {"transitions": size, "episodes": segmented.num_episodes}
+        calls[key] = functools.partial(
+            segmented.sample_windows, config.batch, window, prioritized=False
+        )
+        labels[key] = (label, {**extra, "series": "lucid segmented"})
+    if calls:
+        timings = measure_rounds(calls, reps=config.reps, warmup=config.warmup, before=sweep)
+        for key, timing in timings.items():
+            label, extra = labels[key]
+            rows.append(Row.timed(key, label, timing, group=group, extra=extra))
+    buffers.clear()
+    release()
     return rows
 
 
