@@ -58,7 +58,90 @@ class EpisodeInfo:
     num_segments: int
 
 
-class EpisodeStream:
+class PendingSteps:
+    """What a stream of an open episode keeps: its id, pending steps, whether it is closed.
+
+    Fewer than ``segment_length`` steps wait uncommitted. The base of `EpisodeStream` and of
+    the sharded replay's stream; the subclass decides where committed segments go.
+    """
+
+    def __init__(self, episode_id: int, segment_length: int) -> None:
+        self._episode_id = episode_id
+        self._size = segment_length
+        self._pending: dict[str, torch.Tensor] = {}
+        self._host: dict[str, np.ndarray] | None = None
+        self._count = 0
+        self._closed = False
+        self._guard = threading.Lock()  # one call at a time on one stream
+
+    @property
+    def episode_id(self) -> int:
+        """The id of the episode, issued when it was opened."""
+        return self._episode_id
+
+    @property
+    def pending(self) -> int:
+        """Steps appended but not committed yet (fewer than ``segment_length``)."""
+        return self._count
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"pending={self._count}"
+        return f"{type(self).__name__}(episode_id={self._episode_id}, {state})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise must_have(
+                "the stream", "open to append, flush or close", f"episode {self._episode_id} closed"
+            )
+
+    def _stash(self, steps: Mapping[str, torch.Tensor], begin: int, end: int) -> None:
+        """Copy steps ``begin .. end - 1`` into the pending segment."""
+        if not self._pending:
+            self._pending = {
+                name: torch.empty((self._size, *t.shape[1:]), dtype=t.dtype)
+                for name, t in steps.items()
+            }
+            self._host = host_views_of(self._pending)
+        at, count = self._count, end - begin
+        host = self._host
+        sources = host_views_of(steps) if host is not None else None
+        for name, values in steps.items():
+            if host is not None and sources is not None:  # numpy: one thread, no dispatch
+                host[name][at : at + count] = sources[name][begin:end]
+            else:
+                self._pending[name][at : at + count] = values[begin:end]
+        self._count += count
+
+    def _taken(self) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray] | None] | None:
+        """The pending steps and their numpy views (None: none pending); not cleared."""
+        if not self._count:
+            return None
+        count, host = self._count, self._host
+        steps = {name: t[:count] for name, t in self._pending.items()}
+        return steps, None if host is None else {name: v[:count] for name, v in host.items()}
+
+    def _clear(self) -> None:
+        """Forget the pending steps (and their memory, once the stream is closed)."""
+        self._count = 0
+        if self._closed:
+            self._pending, self._host = {}, None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The numpy views would unpickle as copies, no longer the pending tensors' memory.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_guard", "_host")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._guard = threading.Lock()
+        self._host = host_views_of(self._pending) if self._pending else None
+
+
+class EpisodeStream(PendingSteps):
     """Appends the steps of one open episode to a segmented buffer.
 
     Made by `SequenceReplay.open_episode` or `SequenceReplay.resume_episode`, never
@@ -81,36 +164,12 @@ class EpisodeStream:
     6
     """
 
-    def __init__(self, owner: Any, episode_id: int, token: int) -> None:
+    def __init__(self, owner: Any, episode_id: int, token: int, segment_length: int) -> None:
+        super().__init__(episode_id, segment_length)
         self._owner = owner  # the buffer: its lock and core
-        self._episode_id = episode_id
         self._token = token
-        self._pending: dict[str, torch.Tensor] = {}
-        self._host: dict[str, np.ndarray] | None = None
-        self._count = 0
-        self._closed = False
-        self._guard = threading.Lock()  # one call at a time on one stream
         # Where `_checked` last found the episode.
         self._slot, self._directory = -1, cast("EpisodeDirectory | None", None)
-
-    @property
-    def episode_id(self) -> int:
-        """The id of the episode, issued when it was opened."""
-        return self._episode_id
-
-    @property
-    def pending(self) -> int:
-        """Steps appended but not committed yet (fewer than ``segment_length``)."""
-        return self._count
-
-    @property
-    def closed(self) -> bool:
-        """Whether `close` was called."""
-        return self._closed
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else f"pending={self._count}"
-        return f"EpisodeStream(episode_id={self._episode_id}, {state})"
 
     # ---------------------------------------------------------------------------- calls
     def append(self, steps: Mapping[str, Any]) -> list[int]:
@@ -183,15 +242,12 @@ class EpisodeStream:
             self._commit_pending(owner._core, segments, slot)
             segments.close(slot, terminated)
             self._closed = True
-            self._pending, self._host = {}, None
+            self._clear()
 
     # -------------------------------------------------------------------------- helpers
     def _checked(self, core: ReplayCore) -> tuple[int, Segments]:
         """The episode's slot, if this stream may still write to it."""
-        if self._closed:
-            raise must_have(
-                "the stream", "open to append, flush or close", f"episode {self._episode_id} closed"
-            )
+        self._check_open()
         segments = core.store.segments
         assert segments is not None  # streams exist on segmented buffers only
         directory = segments.directory
@@ -233,35 +289,12 @@ class EpisodeStream:
             self._stash(steps, begin, total)
         return [key for key in committed if key is not None]
 
-    def _stash(self, steps: Mapping[str, torch.Tensor], begin: int, end: int) -> None:
-        """Copy steps ``begin .. end - 1`` into the pending segment."""
-        if not self._pending:
-            size = self._owner._core.store.segments.segment_length
-            self._pending = {
-                name: torch.empty((size, *t.shape[1:]), dtype=t.dtype) for name, t in steps.items()
-            }
-            try:  # numpy views make CPU copies cheaper; a dtype numpy lacks goes by tensor
-                self._host = {name: t.numpy() for name, t in self._pending.items()}
-            except TypeError:
-                self._host = None
-        at, count = self._count, end - begin
-        host = self._host
-        sources = host_views_of(steps) if host is not None else None
-        for name, values in steps.items():
-            if host is not None and sources is not None:  # numpy: one thread, no dispatch
-                host[name][at : at + count] = sources[name][begin:end]
-            else:
-                self._pending[name][at : at + count] = values[begin:end]
-        self._count += count
-
     def _commit_pending(self, core: ReplayCore, segments: Segments, slot: int) -> int | None:
-        if not self._count:
+        taken = self._taken()
+        if taken is None:
             return None
-        count, host = self._count, self._host
-        piece = {name: t[:count] for name, t in self._pending.items()}
-        views = None if host is None else {name: v[:count] for name, v in host.items()}
-        key = segments.commit(slot, piece, views, core.max_priority())
-        self._count = 0
+        key = segments.commit(slot, *taken, core.max_priority())
+        self._clear()
         return key
 
 
@@ -284,7 +317,7 @@ class EpisodeStreams:
         with self._lock:
             segments = self._segments("open_episode")
             episode_id, token = segments.open()
-        return EpisodeStream(self, episode_id, token)
+        return EpisodeStream(self, episode_id, token, segments.segment_length)
 
     def resume_episode(self, episode_id: int) -> EpisodeStream:
         """A new `EpisodeStream` continuing open episode ``episode_id`` (after `load`).
@@ -305,7 +338,7 @@ class EpisodeStreams:
             if not segments.directory.get("opened", slot):
                 raise must("episode_id", "an open episode", episode_id)
             token = segments.directory.new_token(slot)
-        return EpisodeStream(self, int(episode_id), token)
+        return EpisodeStream(self, int(episode_id), token, segments.segment_length)
 
     @property
     def open_episode_ids(self) -> list[int]:
@@ -365,7 +398,10 @@ def _as_steps(steps: object) -> Episode:
 
 
 def host_views_of(steps: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray] | None:
-    """Numpy views of CPU ``steps`` (the same memory), or None if one has none."""
+    """Numpy views of CPU ``steps`` (the same memory), or None if one has none.
+
+    Copies through them cost a fifth of `Tensor.copy_`'s dispatch, on one thread.
+    """
     try:
         return {name: t.detach().numpy() for name, t in steps.items()}
     except (TypeError, RuntimeError):  # a device tensor, or a dtype numpy lacks

@@ -679,3 +679,22 @@ def test_a_retired_open_episode_is_never_drawn_again_and_its_segments_age_out() 
     assert set(buffer.sample(2, 2).episode_ids.tolist()) == {other}
     assert old.episode_id not in buffer  # its retired segments went once oldest
     assert buffer.episode_info(old.episode_id).first_step == 16
+
+
+def test_pending_steps_survive_pickling_and_keep_filling_their_own_memory() -> None:
+    import pickle
+
+    from lucid_replay.streams import PendingSteps
+
+    stream = PendingSteps(episode_id=3, segment_length=6)
+    stream._stash({"x": torch.arange(10, 14)}, 0, 2)
+    copy = pickle.loads(pickle.dumps(stream))  # as a Ray task receives a sharded stream
+    copy._stash({"x": torch.arange(20, 23)}, 0, 3)
+    taken = copy._taken()
+    assert taken is not None and taken[0]["x"].tolist() == [10, 11, 20, 21, 22]
+    assert taken[1] is not None and taken[1]["x"].tolist() == [10, 11, 20, 21, 22]
+    assert (copy.episode_id, copy.pending, repr(copy)) == (
+        3,
+        5,
+        "PendingSteps(episode_id=3, pending=5)",
+    )

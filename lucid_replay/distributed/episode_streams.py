@@ -20,7 +20,6 @@ count nowhere. So an `append` that completes a segment may wait for the limiter 
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,12 +34,12 @@ import lucid_replay.distributed.settings as settings
 import lucid_replay.distributed.transport as transport
 from lucid_replay.episode import Episode
 from lucid_replay.errors import UnknownEpisodeError, must, must_have, wrong_type
-from lucid_replay.streams import EpisodeInfo
+from lucid_replay.streams import EpisodeInfo, PendingSteps
 
 __all__ = ["ShardedEpisodeStream"]
 
 
-class ShardedEpisodeStream:
+class ShardedEpisodeStream(PendingSteps):
     """Appends the steps of one open episode to its shard of a `ShardedReplay`.
 
     Made by `ShardedReplay.open_episode` or `ShardedReplay.resume_episode`, never directly.
@@ -68,33 +67,10 @@ class ShardedEpisodeStream:
     """
 
     def __init__(self, replay: Any, episode_id: int, handle: int) -> None:
+        super().__init__(int(episode_id), replay.segment_length)  # a global id
         self._replay = replay
-        self._episode_id = int(episode_id)
         self._shard = int(ids.decode(np.asarray([episode_id]))[0][0])
         self._handle = handle
-        self._pending: dict[str, torch.Tensor] = {}
-        self._count = 0
-        self._closed = False
-        self._guard = threading.Lock()  # one call at a time on one stream
-
-    @property
-    def episode_id(self) -> int:
-        """The episode's global id, issued by its shard when it was opened."""
-        return self._episode_id
-
-    @property
-    def pending(self) -> int:
-        """Steps appended but not committed yet (fewer than ``segment_length``)."""
-        return self._count
-
-    @property
-    def closed(self) -> bool:
-        """Whether `close` was called."""
-        return self._closed
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else f"pending={self._count}"
-        return f"ShardedEpisodeStream(episode_id={self._episode_id}, {state})"
 
     # ---------------------------------------------------------------------------- calls
     def append(self, steps: Mapping[str, Any], *, timeout: float | None = None) -> list[int]:
@@ -147,7 +123,7 @@ class ShardedEpisodeStream:
                 for name, t in host.items()
             }
             committed = self._send(payload, full, timeout, flush=False, terminated=None)
-            self._count = 0
+            self._clear()
             if take < total:
                 self._stash(host, take, total)
             return committed
@@ -161,8 +137,8 @@ class ShardedEpisodeStream:
         timeout = settings.checked_timeout(timeout)
         with self._guard:
             self._check_writable()
-            committed = self._send(self._taken(), self._count, timeout, flush=True, terminated=None)
-            self._count = 0
+            committed = self._send(self._steps(), self._count, timeout, flush=True, terminated=None)
+            self._clear()
             return committed[0] if committed else None
 
     def close(self, *, terminated: bool, timeout: float | None = None) -> None:
@@ -180,34 +156,18 @@ class ShardedEpisodeStream:
         timeout = settings.checked_timeout(timeout)
         with self._guard:
             self._check_writable()
-            self._send(self._taken(), self._count, timeout, flush=False, terminated=terminated)
+            self._send(self._steps(), self._count, timeout, flush=False, terminated=terminated)
             self._closed = True
-            self._pending, self._count = {}, 0
+            self._clear()
 
     # -------------------------------------------------------------------------- helpers
     def _check_writable(self) -> None:
-        if self._closed:
-            raise must_have(
-                "the stream", "open to append, flush or close", f"episode {self._episode_id} closed"
-            )
+        self._check_open()
         self._replay._check_open()
 
-    def _stash(self, steps: Mapping[str, torch.Tensor], begin: int, end: int) -> None:
-        """Copy steps ``begin .. end - 1`` (of the replay's schema) into the pending steps."""
-        if not self._pending:
-            size = self._replay.segment_length
-            self._pending = {
-                name: torch.empty((size, *t.shape[1:]), dtype=t.dtype) for name, t in steps.items()
-            }
-        at = self._count
-        for name, values in steps.items():
-            self._pending[name][at : at + end - begin] = values[begin:end]
-        self._count += end - begin
-
-    def _taken(self) -> dict[str, torch.Tensor] | None:
-        if not self._count:
-            return None
-        return {name: t[: self._count] for name, t in self._pending.items()}
+    def _steps(self) -> dict[str, torch.Tensor] | None:
+        taken = self._taken()
+        return None if taken is None else taken[0]
 
     def _send(
         self,
@@ -236,14 +196,6 @@ class ShardedEpisodeStream:
         if count:
             coordination.settle(replay, count, 0)
         return [int(i) for i in committed]
-
-    # ------------------------------------------------------------------------ pickling
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_guard"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._guard = threading.Lock()
 
 
 class ShardedStreams:
