@@ -309,28 +309,20 @@ class Segments:
         parts = [ring.read(int(starts[row]), int(lengths[row])) for row in rows.tolist()]
         return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
 
-    def write_records(
-        self,
-        name: str,
-        ids: torch.Tensor,
-        steps: torch.Tensor,
-        mask: torch.Tensor,
-        values: torch.Tensor,
-    ) -> int:
-        """`EpisodeStore.write_records` on a segmented store: only steps still stored."""
-        store, directory = self.store, self.directory
-        device = store.table.device
+    def stored_records(
+        self, ids: torch.Tensor, steps: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which records ``(ids, steps)`` under ``mask`` are still stored, and their rows.
+
+        For `EpisodeStore.write_records`: the rows of the kept records' segments, in order.
+        """
+        directory, device = self.directory, self.store.table.device
         slots = torch.from_numpy(directory.slots_of(ids.reshape(-1).cpu().numpy()))
         slots = slots.to(device).reshape(ids.shape)
         first = engine.tensor(directory.arrays["first_stored"])[slots]
         end = engine.tensor(directory.arrays["total"])[slots]
         write = mask & (slots >= 0) & (steps >= first) & (steps < end)
-        rows = self.rows_at(slots[write].cpu().numpy(), steps[write])
-        offsets = engine.tensor(store.table.offsets(engine.view(rows), engine.view(steps[write])))
-        store.ring.scatter(
-            name, offsets, values.detach().to(device)[write], store.table.oldest_offset
-        )
-        return int(write.sum())
+        return write, self.rows_at(slots[write].cpu().numpy(), steps[write])
 
     # ----------------------------------------------------------------------- priorities
     def assign_priorities(

@@ -266,11 +266,12 @@ class EpisodeStore:
         self.schema.check_values(name, values, tuple(mask.shape))
         device, table = self.table.device, self.table
         ids, steps = ids.to(device), steps.to(device)
-        if self.segments is not None:
-            return self.segments.write_records(name, ids, steps, mask.to(device), values)
-        write = mask.to(device) & table.is_stored(ids)
-        rows, kept_steps = engine.view(table.rows_of(ids[write])), engine.view(steps[write])
-        offsets = engine.tensor(table.offsets(rows, kept_steps))
+        if self.segments is not None:  # only steps still stored, of their segments
+            write, rows = self.segments.stored_records(ids, steps, mask.to(device))
+        else:
+            write = mask.to(device) & table.is_stored(ids)
+            rows = table.rows_of(ids[write])
+        offsets = engine.tensor(table.offsets(engine.view(rows), engine.view(steps[write])))
         # Stored data is never part of an autograd graph (states from a forward pass).
         self.ring.scatter(name, offsets, values.detach().to(device)[write], table.oldest_offset)
         return int(write.sum())
