@@ -7,6 +7,7 @@ expected (it is a Python ``int``), and a flag must be a real ``bool``.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,19 @@ __all__: list[str] = []  # internal module
 
 INT64_MAX = 2**63 - 1
 _usable_devices: set[torch.device] = set()
+
+
+def as_id(param: str, value: Any) -> int:
+    """``value`` as an id (an ``int``; numpy integers too, never a ``bool``).
+
+    Whether the id is known is the caller's question (a ``KeyError`` there, not here).
+    """
+    if isinstance(value, bool):
+        raise wrong_type(param, "an int", value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise wrong_type(param, "an int", value) from None
 
 
 def check_int(param: str, value: Any, *, minimum: int, maximum: int = INT64_MAX) -> int:

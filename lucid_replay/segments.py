@@ -17,7 +17,6 @@ to the episode's previous and next segment). This module keeps the two in step:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,9 +24,9 @@ import numpy as np
 import torch
 
 from lucid_replay import engine
-from lucid_replay.checks import as_vector, check_int
+from lucid_replay.checks import as_id, as_vector, check_int
 from lucid_replay.directory import EpisodeDirectory
-from lucid_replay.errors import UnknownEpisodeError, must, must_have, wrong_type
+from lucid_replay.errors import UnknownEpisodeError, must, must_have
 from lucid_replay.records import Anchors
 from lucid_replay.seams import rows_holding
 
@@ -250,12 +249,7 @@ class Segments:
     # -------------------------------------------------------------------------- lookups
     def live_slot(self, episode_id: object, *, stored: bool) -> int:
         """The slot of a live episode (``stored``: one with a stored step), else an error."""
-        if isinstance(episode_id, bool):
-            raise wrong_type("episode_id", "an int", episode_id)
-        try:
-            number = operator.index(episode_id)  # type: ignore[arg-type]
-        except TypeError:
-            raise wrong_type("episode_id", "an int", episode_id) from None
+        number = as_id("episode_id", episode_id)
         directory = self.directory
         slot = directory.slot_of(number)
         if slot >= 0 and (not stored or directory.get("num_segments", slot) > 0):

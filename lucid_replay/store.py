@@ -8,16 +8,15 @@ recompute is reported to ``on_change`` (the sampler's `AnchorSampler.mark_dirty`
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lucid_replay import engine
-from lucid_replay.checks import as_vector
+from lucid_replay.checks import as_id, as_vector
 from lucid_replay.episode import Episode, host_views
-from lucid_replay.errors import UnknownEpisodeError, must, wrong_kind, wrong_type
+from lucid_replay.errors import UnknownEpisodeError, must, wrong_kind
 from lucid_replay.records import Anchors
 from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
@@ -188,15 +187,10 @@ class EpisodeStore:
 
     def stored_id(self, episode_id: object) -> int:
         """``episode_id`` as an int if it is stored; `UnknownEpisodeError` otherwise."""
+        number = as_id("episode_id", episode_id)
         if self.segments is not None:
-            self.segments.live_slot(episode_id, stored=True)
-            return operator.index(episode_id)  # type: ignore[arg-type]
-        if isinstance(episode_id, bool):
-            raise wrong_type("episode_id", "an int", episode_id)
-        try:
-            number = operator.index(episode_id)  # type: ignore[arg-type]
-        except TypeError:
-            raise wrong_type("episode_id", "an int", episode_id) from None
+            self.segments.live_slot(number, stored=True)
+            return number
         table = self.table
         if not table.first_id <= number < table.next_id:
             state = "was evicted" if 0 <= number < table.first_id else "was never issued"
