@@ -192,18 +192,17 @@ class EpisodeDirectory:
     # ---------------------------------------------------------------------- the index
     def _index_append(self, episode_id: int, slot: int) -> None:
         if self._index_size == self._index_ids.shape[0]:
-            self._compact(grow=True)
+            self._compact()
         self._index_ids[self._index_size] = episode_id
         self._index_slots[self._index_size] = slot
         self._index_size += 1
 
-    def _compact(self, *, grow: bool = False) -> None:
+    def _compact(self) -> None:
+        """Drop the tombstones; leave room for as many ids again as stay (and one more)."""
         size = self._index_size
         live = self._index_slots[:size] >= 0
         ids, slots = self._index_ids[:size][live], self._index_slots[:size][live]
-        room = max(_INITIAL_SLOTS, 2 * ids.shape[0] + (1 if grow else 0))
-        if grow:
-            room = max(room, 2 * self._index_ids.shape[0] if ids.shape[0] == size else room)
+        room = max(_INITIAL_SLOTS, 2 * ids.shape[0] + 1)
         self._index_ids = np.empty(room, dtype=np.int64)
         self._index_slots = np.empty(room, dtype=np.int64)
         self._index_ids[: ids.shape[0]] = ids
@@ -252,8 +251,3 @@ class EpisodeDirectory:
 
 COLUMNS = tuple(_COLUMNS)
 DTYPES = {name: dtype for name, (dtype, _) in _COLUMNS.items()}
-
-
-def as_host(values: Array) -> np.ndarray:
-    """An engine array as a host numpy array (a copy only off the CPU)."""
-    return values if isinstance(values, np.ndarray) else values.cpu().numpy()

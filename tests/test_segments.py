@@ -698,3 +698,26 @@ def test_pending_steps_survive_pickling_and_keep_filling_their_own_memory() -> N
         5,
         "PendingSteps(episode_id=3, pending=5)",
     )
+
+
+def test_the_episode_directory_index_holds_through_growth_drops_and_compactions() -> None:
+    from lucid_replay.directory import EpisodeDirectory
+
+    directory = EpisodeDirectory(torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    live: dict[int, int] = {}
+    most = 0
+    for _ in range(1_500):
+        if live and rng.random() < 0.45:
+            episode_id = int(rng.choice(list(live)))
+            directory.drop(np.array([live.pop(episode_id)]))
+        else:
+            episode_id, slot = directory.open()
+            live[episode_id] = slot
+            most = max(most, len(live))
+    assert len(set(live.values())) == len(live)  # no slot given twice
+    asked = np.arange(directory.next_episode_id)
+    expected = [live.get(int(i), -1) for i in asked]
+    assert directory.slots_of(asked).tolist() == expected
+    assert [directory.slot_of(int(i)) for i in asked] == expected
+    assert directory.slot_count <= 2 * max(64, most)  # slots are reused
