@@ -103,7 +103,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         priority_unit: str = "episode",
     ) -> None:
         priorities = Priorities(alpha, beta, epsilon)
-        self._priority_unit = priority_unit  # read by SequenceReplay.__init__
+        self._asked_unit = priority_unit  # checked by SequenceReplay.__init__
         super().__init__(
             capacity,
             device=device,
@@ -135,6 +135,9 @@ class PrioritizedSequenceReplay(SequenceReplay):
     def epsilon(self) -> float:
         """Added to every ``|error|``."""
         return self._priorities.epsilon
+
+    def _asked_priority_unit(self) -> object:
+        return self._asked_unit
 
     @property
     def priority_unit(self) -> str:

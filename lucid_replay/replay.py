@@ -113,7 +113,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
             raise must("unit", f"one of {_UNITS}", unit)
         segment_length, priority_unit = checked_segmenting(
             segment_length,
-            self.__dict__.get("_priority_unit", "episode"),  # set by subclasses
+            self._asked_priority_unit(),
             unit,
             self._capacity,
         )
@@ -133,6 +133,10 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
             priority_unit=priority_unit,
         )
         forks.reset_in_child(self)
+
+    def _asked_priority_unit(self) -> object:
+        """What the constructor was asked to keep priorities by (none here: episodes)."""
+        return "episode"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
