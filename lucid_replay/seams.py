@@ -158,7 +158,7 @@ def _expanded_by_loop(
     """`expand_segments` by `expand_segments_loop` (the same records), on CPU arrays."""
     count = int(anchors.rows.shape[0])
     shape = (count, size)
-    rows, exact, runs, run_windows = _scratch(table, shape)
+    rows, exact, runs, run_windows, touched = _scratch(table, shape)
     if into is None:
         steps, record_ids = np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64)
         valid, is_init = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
@@ -201,6 +201,7 @@ def _expanded_by_loop(
         first_offsets,
         runs,
         run_windows,
+        touched,
         learning_mask,
         sequence,
         *learning,
@@ -225,7 +226,7 @@ def _expanded_by_loop(
     )
 
 
-_Scratch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+_Scratch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 _NO_MASK = np.empty((0, 0), dtype=np.bool_)  # the loop's optional outputs, absent
 _NO_SEQUENCE = np.empty((0, 0), dtype=np.int64)
 
@@ -236,7 +237,8 @@ def _scratch(table: EpisodeTable, shape: tuple[int, int]) -> _Scratch:
     Kept for the next draw of that shape: they live only until the gather of the draw that
     asked (under the buffer's lock); new arrays of a batch's size (~0.2 MB) would be fresh
     pages from the OS at every draw. The run list has room for a run per record; its
-    windows' last entry holds the run count.
+    windows' last entry holds the run count. The last array is the loop's sink for loads
+    it makes only to have them in cache.
     """
     kept: dict[tuple[int, int], _Scratch] = table.__dict__.setdefault("_seam_scratch", {})
     if shape not in kept:
@@ -248,6 +250,7 @@ def _scratch(table: EpisodeTable, shape: tuple[int, int]) -> _Scratch:
             np.empty(shape, dtype=np.bool_),
             np.empty((4, records), dtype=np.int64),
             np.empty(records + 1, dtype=np.int64),
+            np.empty(1, dtype=np.int64),
         )
     return kept[shape]
 
@@ -281,6 +284,7 @@ def expand_segments_loop(
     first_offsets: np.ndarray,
     runs: np.ndarray,
     run_windows: np.ndarray,
+    touched: np.ndarray,
     learning: np.ndarray,
     sequence: np.ndarray,
     learning_first: int,
@@ -316,6 +320,22 @@ def expand_segments_loop(
         firsts[b], lasts[b] = first_stored[owner], total[owner] - 1
         ends[b] = terminated[owner] and not opened[owner]
         bases[b] = base[row]
+    # Then the segments beside the anchor's that a window reaches into, in another loop of
+    # independent loads, so that the walks below find them in cache. What it reads ends in
+    # `touched`, an output, so that the compiler keeps the loads.
+    reach_before, reach_after = burn_in * dilation, (size - 1 - burn_in) * dilation
+    sum_loaded = 0
+    for b in range(windows):
+        row, anchor = anchor_rows[b], anchor_steps[b]
+        low = first_step[row]
+        high = low + length[row]
+        if anchor - reach_before < low and firsts[b] < low:
+            near = prev_key[row] & row_mask
+            sum_loaded += first_step[near] + length[near] + base[near]
+        if anchor + reach_after >= high and lasts[b] >= high:
+            near = next_key[row] & row_mask
+            sum_loaded += first_step[near] + length[near] + base[near]
+    touched[0] = sum_loaded
     for b in range(windows):
         row = anchor_rows[b]
         first, last, ended = firsts[b], lasts[b], ends[b]
