@@ -16,21 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
 
 from lucid_replay import engine, ring_copies
 
-if TYPE_CHECKING:
-    from lucid_replay.segments import Segments
-
 __all__: list[str] = []  # internal module
 
 
 def commit(
-    segments: Segments,
+    segments: Any,
     slot: int,
     steps: Mapping[str, torch.Tensor],
     sources: np.ndarray,
@@ -38,7 +35,8 @@ def commit(
 ) -> int:
     """`Segments.commit` of checked ``steps``, at addresses ``sources`` (`TransitionRing.sources`).
 
-    Returns the new segment's id.
+    ``segments`` is the store's `Segments` (typed loosely: it imports this module). Returns
+    the new segment's id.
     """
     store, table, directory = segments.store, segments.store.table, segments.directory
     length = int(next(iter(steps.values())).shape[0])
