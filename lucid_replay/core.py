@@ -4,7 +4,7 @@ The public buffers (`lucid_replay.replay`, `lucid_replay.prioritized`) check eve
 take their lock, and call one method here. Each method reads as the data path it runs::
 
     batch = batcher.reserve(...)  # memory first (see batching.new_batch)
-    anchors = draw(...)  # sampling: which anchors
+    anchors = draw(batch_size, window, law)  # sampling: which anchors, by which law
     records = expand(table, anchors, window, into=...)  # window: what each expands to
     batcher.fill_windows(batch, ring, table, anchors, records, window)  # the gather
 
@@ -23,6 +23,7 @@ from lucid_replay.batching import Batcher
 from lucid_replay.engine import Array
 from lucid_replay.episode import Episode
 from lucid_replay.errors import CheckpointError
+from lucid_replay.laws import Law, Prioritized, Uniform, of_flag
 from lucid_replay.priorities import Priorities
 from lucid_replay.records import Anchors
 from lucid_replay.sampling import AnchorSampler
@@ -52,6 +53,8 @@ def _extra(window: Window) -> int:
 class ReplayCore:
     """Stored episodes, the sampler over them, the random stream, and priorities (or None).
 
+    ``law`` is the buffer's selection law (`Prioritized` once `prioritize` set priorities,
+    else `Uniform`); the draws take a law each, `law_of` maps a public ``prioritized`` flag.
     Methods assume validated arguments and a held lock.
     """
 
@@ -82,8 +85,14 @@ class ReplayCore:
             self.store.segments.need_of_trees = self.sampler.trees.max_need
         self.generator = generator
         self.priorities: Priorities | None = None
+        self.law: Law = Uniform()
         self.chunks_sampled = 0
         self.batcher = Batcher()
+
+    def prioritize(self, priorities: Priorities) -> None:
+        """Keep ``priorities``, and draw by `Prioritized` with their alpha."""
+        self.priorities = priorities
+        self.law = Prioritized(priorities.alpha)
 
     # ---------------------------------------------------------------------------- adding
     def add(self, episode: Episode, schema: Schema) -> int:
@@ -101,45 +110,50 @@ class ReplayCore:
         return None if segments is None else segments.priority_unit
 
     # --------------------------------------------------------------------------- drawing
-    def draw(self, batch_size: int, window: Window, *, prioritized: bool) -> Anchors:
-        """Draw anchors whose learning region fits, with importance weights if prioritized."""
-        alpha = self.alpha(prioritized)
+    def draw(self, batch_size: int, window: Window, law: Law) -> Anchors:
+        """Draw anchors whose learning region fits, with importance weights if by priority."""
+        span, extra = window.anchor_span, _extra(window)
         anchors = self.sampler.checked_draw(
             batch_size,
-            window.anchor_span,
+            span,
             what=_SpanName(window),
-            alpha=alpha,
+            law=law,
             generator=self.generator,
-            extra=_extra(window),
+            extra=extra,
         )
-        if self.priorities is not None and alpha is not None:
-            weights = self.priorities.weights(anchors.priorities)
+        if self.priorities is not None and law.by_priority:
+            weights = self.priorities.weights(
+                law, anchors, lambda: self.probability(anchors, span, law, extra)
+            )
             anchors = Anchors(
                 anchors.rows, anchors.episode_ids, anchors.steps, anchors.priorities, weights
             )
         self.chunks_sampled += batch_size
         return anchors
 
-    def alpha(self, prioritized: bool) -> float | None:
-        """The trees' alpha for a draw: ``None`` for a uniform one."""
-        return None if not prioritized or self.priorities is None else self.priorities.alpha
+    def probability(self, anchors: Anchors, span: int, law: Law, extra: int = 0) -> Array:
+        """float64 `Law.probability` of ``anchors`` in the tree of ``(span, law)`` now."""
+        cached = self.sampler.trees.cached(span, law, extra)
+        return law.probability(self.store.table, anchors.rows, cached.scale, cached.total())
 
-    def log_mass(self, window: Window, *, prioritized: bool) -> float:
+    def law_of(self, prioritized: bool) -> Law:
+        """The law of a public ``prioritized`` flag: the buffer's, or `Uniform` for False."""
+        return of_flag(prioritized, self.law)
+
+    def log_mass(self, window: Window, law: Law) -> float:
         """``log`` of the total mass a draw of ``window`` chooses from (``-inf``: none)."""
-        alpha = self.alpha(prioritized)
-        return self.sampler.trees.log_mass(window.anchor_span, alpha, _extra(window))
+        return self.sampler.trees.log_mass(window.anchor_span, law, _extra(window))
 
     def chunks(
         self,
         batch_size: int,
         length: int,
         target: torch.device,
-        *,
-        prioritized: bool,
+        law: Law,
         out: Batch | None = None,
     ) -> Batch:
         """Draw chunks of ``length`` steps onto ``target`` (into ``out``, if given)."""
-        kind = Batch if self.alpha(prioritized) is None else PrioritizedBatch
+        kind = PrioritizedBatch if law.by_priority else Batch
         shape, weights = (batch_size, length), kind is PrioritizedBatch
         out = self.batcher.reserve(
             kind,
@@ -150,7 +164,7 @@ class ReplayCore:
             out=out,
             segments=self.priority_unit,
         )
-        anchors = self.draw(batch_size, Window(length), prioritized=prioritized)
+        anchors = self.draw(batch_size, Window(length), law)
         assert out is not None  # the draw refused an empty buffer (no schema yet)
         batch = self.batcher.fill_chunks(out, self.store.ring, self.store.table, anchors, length)
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
@@ -161,13 +175,12 @@ class ReplayCore:
         batch_size: int,
         window: Window,
         target: torch.device,
-        *,
-        prioritized: bool,
+        law: Law,
         out: WindowBatch | None = None,
     ) -> WindowBatch:
-        """Draw anchors and expand each into ``window`` onto ``target`` (or into ``out``)."""
-        out = self._reserve(batch_size, window, target, self.alpha(prioritized) is not None, out)
-        anchors = self.draw(batch_size, window, prioritized=prioritized)  # sampling
+        """Draw anchors by ``law`` and expand each into ``window`` onto ``target`` (or ``out``)."""
+        out = self._reserve(batch_size, window, target, law.by_priority, out)
+        anchors = self.draw(batch_size, window, law)  # sampling
         batch = self.assemble(anchors, window, target, out)  # window, then batch
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
         return batch
@@ -211,8 +224,8 @@ class ReplayCore:
         count: int,
         window: Window,
         target: torch.device,
+        law: Law,
         *,
-        prioritized: bool,
         chunks: bool,
     ) -> tuple[Batch | WindowBatch, Array, torch.Tensor]:
         """One round of a draw coordinated across several buffers (see `AnchorSampler.draw_round`).
@@ -220,13 +233,13 @@ class ReplayCore:
         ``count`` draws of ``window`` (or of chunks of ``window.length`` steps), the ones the
         reuse limit refuses dropped without a redraw. Returns the batch of the kept draws
         (no weights: the coordinator computes them over the merged batch), their priorities
-        (an `engine` array, ``None`` for a uniform draw) and which of the draws were kept
-        (bool ``[count]``, on the CPU). The caller checks that the mass is positive.
+        (an `engine` array, ``None`` unless ``law`` is by priority) and which of the draws
+        were kept (bool ``[count]``, on the CPU). The caller checks that the mass is positive.
         """
         anchors, kept = self.sampler.draw_round(
             count,
             window.anchor_span,
-            alpha=self.alpha(prioritized),
+            law=law,
             generator=self.generator,
             extra=_extra(window),
         )
@@ -248,7 +261,7 @@ class ReplayCore:
 
     def num_eligible(self, window: Window) -> int:
         """Anchors (or episodes) a uniform draw of ``window`` chooses from now."""
-        return round(self.sampler.trees.mass(window.anchor_span, None, _extra(window)))
+        return round(self.sampler.trees.mass(window.anchor_span, Uniform(), _extra(window)))
 
     # ------------------------------------------------------------------------ priorities
     def apply_priorities(self, ids: torch.Tensor, priorities: torch.Tensor) -> tuple[int, float]:

@@ -1,19 +1,16 @@
 """`Priorities`: the state and rules of prioritized replay, in one value.
 
 Alpha, epsilon, the initial and current beta and the largest priority ever set live here, with
-how an error becomes a priority, how drawn priorities become importance weights, and R2D2's
-reduction of per-record errors to one priority per window. The formulas are documented once,
-on `lucid_replay.PrioritizedSequenceReplay`.
-
-Powers are taken of ratios, never of raw priorities: ``(p / s) ** alpha`` for a reference ``s``
-and ``(p_min / p) ** (alpha * beta)`` for weights, so that no finite error overflows or
-underflows float64 where the law ``P ∝ p^alpha`` itself does not.
+how an error becomes a priority and R2D2's reduction of per-record errors to one priority per
+window. The draw by priority and its importance weights are the selection law's
+(`lucid_replay.laws.Prioritized`, at this alpha and the current beta). The formulas are
+documented once, on `lucid_replay.PrioritizedSequenceReplay`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +21,8 @@ from lucid_replay.batch import WindowBatch
 from lucid_replay.checks import as_tensor, check_float
 from lucid_replay.engine import Array
 from lucid_replay.errors import CheckpointError, must, must_have, wrong_kind
+from lucid_replay.laws import Law
+from lucid_replay.records import Anchors
 
 __all__: list[str] = []  # internal module
 
@@ -75,15 +74,13 @@ class Priorities:
         self.beta = self.initial_beta + fraction * (final - self.initial_beta)
 
     # --------------------------------------------------------------------- weights
-    def weights(self, drawn: Array) -> Array:
-        """Importance weights (float32) of a batch whose draws have priorities ``drawn``.
+    def weights(self, law: Law, anchors: Anchors, probability: Callable[[], Array]) -> Array:
+        """float32 importance weights, at the current beta, of ``anchors`` drawn by ``law``.
 
-        ``(N P_i)^-beta / max_j (N P_j)^-beta = (p_min / p_i)^(alpha beta)``: ``N`` and the
-        normaliser cancel, and the ratio is at most 1, so the power never overflows. Of the
-        `engine` of ``drawn``.
+        ``(N P_i)^-beta / max_j (N P_j)^-beta`` (`Law.weights`; ``probability`` gives the
+        anchors' ``P`` if the law asks). Of the `engine` of the anchors' arrays.
         """
-        ratio = drawn.min() / drawn
-        return engine.cast(ratio ** (self.alpha * self.beta), torch.float32)
+        return law.weights(anchors, probability, self.beta)
 
     # ------------------------------------------------------------------- snapshots
     def config(self) -> dict[str, float]:

@@ -113,7 +113,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
             schema=schema,
             segment_length=segment_length,
         )
-        self._core.priorities = priorities
+        self._core.prioritize(priorities)
 
     @property
     def _priorities(self) -> Priorities:

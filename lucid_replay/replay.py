@@ -306,7 +306,8 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
                     weights=prioritized,
                     segments=self._core.priority_unit is not None,
                 )
-            return self._core.chunks(batch_size, length, target, prioritized=prioritized, out=out)
+            law = self._core.law_of(prioritized)
+            return self._core.chunks(batch_size, length, target, law, out=out)
 
     def sample_windows(
         self,
@@ -342,9 +343,8 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
                     weights=use_priorities,
                     segments=self._core.priority_unit is not None,
                 )
-            return self._core.windows(
-                batch_size, window, target, prioritized=use_priorities, out=out
-            )
+            law = self._core.law_of(use_priorities)
+            return self._core.windows(batch_size, window, target, law, out=out)
 
     def gather_windows(
         self,

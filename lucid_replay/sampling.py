@@ -18,6 +18,7 @@ import torch
 from lucid_replay import engine, sum_tree
 from lucid_replay.engine import Array
 from lucid_replay.errors import ReuseLimitError, must, must_have
+from lucid_replay.laws import Law
 from lucid_replay.records import Anchors
 from lucid_replay.table import EpisodeTable
 from lucid_replay.trees import (
@@ -66,46 +67,46 @@ class AnchorSampler:
         span: int,
         *,
         what: object,
-        alpha: float | None,
+        law: Law,
         generator: torch.Generator,
         extra: int = 0,
     ) -> Anchors:
         """`draw`, after refusing a table with nothing eligible (``str(what)`` names the span)."""
         if self.table.num_episodes == 0:
             raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
-        cached = self.trees.cached(span, alpha, extra)
+        cached = self.trees.cached(span, law, extra)
         if cached.total() <= 0:
             raise self.nothing_eligible(span, what, batch_size, extra)
-        return self._draw_from(cached, batch_size, (span, extra), alpha, generator)
+        return self._draw_from(cached, batch_size, (span, extra), law, generator)
 
     def draw(
         self,
         batch_size: int,
         span: int,
         *,
-        alpha: float | None,
+        law: Law,
         generator: torch.Generator,
         extra: int = 0,
     ) -> Anchors:
-        """Draw ``batch_size`` anchors with replacement (O(B log E)).
+        """Draw ``batch_size`` anchors by ``law``, with replacement (O(B log E)).
 
-        The caller checks ``trees.mass(span, alpha) > 0`` first. Under a reuse limit no episode is
+        The caller checks ``trees.mass(span, law) > 0`` first. Under a reuse limit no episode is
         drawn more than its remaining allowance, also within this call; if the eligible
         episodes cannot supply ``batch_size`` draws, `ReuseLimitError` is raised, the
         generator is rewound and nothing changes. ``extra``: see `anchors_in_rows`.
         """
-        cached = self.trees.cached(span, alpha, extra)
-        return self._draw_from(cached, batch_size, (span, extra), alpha, generator)
+        cached = self.trees.cached(span, law, extra)
+        return self._draw_from(cached, batch_size, (span, extra), law, generator)
 
     def _draw_from(
         self,
         cached: sum_tree.CachedTree,
         batch_size: int,
         need: tuple[int, int],
-        alpha: float | None,
+        law: Law,
         generator: torch.Generator,
     ) -> Anchors:
-        """`draw` from ``cached``, the up-to-date tree for ``(span, extra, alpha)``."""
+        """`draw` from ``cached``, the up-to-date tree for ``(span, extra, law)``."""
         column, owners = self.table.arrays, self.table.owners()
         if self.reuse_limit is None and engine.compiled(cached.array):  # one compiled call
             rows, steps, ids, drawn = draw_loop(
@@ -115,10 +116,10 @@ class AnchorSampler:
                 column["length"],
                 *need,
                 self._owner_ids(),
-                UNIFORM_TREE if alpha is None else column["priority"],
+                column["priority"] if law.by_priority else UNIFORM_TREE,
                 *owners,
             )
-            return Anchors(rows, ids, steps, None if alpha is None else drawn)
+            return Anchors(rows, ids, steps, drawn if law.by_priority else None)
         if self.reuse_limit is None:
             rows, steps = self._draw_rows(cached, batch_size, need, generator)
             _count_draws(owners.times, owners.slot[rows])
@@ -126,7 +127,7 @@ class AnchorSampler:
             drawn_rows, drawn_steps = self._draw_within_limit(cached, batch_size, need, generator)
             self._count_draws_within_limit(drawn_rows)
             rows, steps = engine.view(drawn_rows), engine.view(drawn_steps)
-        return self._anchors(rows, steps, alpha)
+        return self._anchors(rows, steps, law)
 
     def _owner_ids(self) -> Array:
         """Episode ids by directory slot (by row for whole episodes)."""
@@ -140,7 +141,7 @@ class AnchorSampler:
         count: int,
         span: int,
         *,
-        alpha: float | None,
+        law: Law,
         generator: torch.Generator,
         extra: int = 0,
     ) -> tuple[Anchors, torch.Tensor]:
@@ -153,28 +154,24 @@ class AnchorSampler:
         (a refused draw exhausted its episode, which then has mass 0). The caller checks
         that the mass is positive.
         """
-        cached = self.trees.cached(span, alpha, extra)
+        cached = self.trees.cached(span, law, extra)
         rows, steps = self._draw_rows(cached, count, (span, extra), generator)
         owners = self.table.owners()
         if self.reuse_limit is None:
             _count_draws(owners.times, owners.slot[rows])
-            return self._anchors(rows, steps, alpha), torch.ones(count, dtype=torch.bool)
+            return self._anchors(rows, steps, law), torch.ones(count, dtype=torch.bool)
         rows, steps = engine.tensor(rows), engine.tensor(steps)
         slots = engine.tensor(owners.slot)[rows]
         allowance = self.reuse_limit - engine.tensor(owners.times)[slots]
         keep = _occurrence_rank(slots) < allowance
         rows, steps = rows[keep], steps[keep]
         self._count_draws_within_limit(rows)
-        return self._anchors(engine.view(rows), engine.view(steps), alpha), keep.cpu()
+        return self._anchors(engine.view(rows), engine.view(steps), law), keep.cpu()
 
-    def _anchors(self, rows: Array, steps: Array, alpha: float | None) -> Anchors:
-        column, owners = self.table.arrays, self.table.owners()
-        return Anchors(
-            rows,
-            self._owner_ids()[owners.slot[rows]],
-            steps,
-            None if alpha is None else column["priority"][rows],
-        )
+    def _anchors(self, rows: Array, steps: Array, law: Law) -> Anchors:
+        owners = self.table.owners()
+        drawn = self.table.arrays["priority"][rows] if law.by_priority else None
+        return Anchors(rows, self._owner_ids()[owners.slot[rows]], steps, drawn)
 
     def _count_draws_within_limit(self, rows: torch.Tensor) -> None:
         """Count the draws of ``rows``' episodes; those reaching the limit retire (leaf 0)."""

@@ -1,4 +1,4 @@
-"""The sampler's sum trees: the leaf law, and a tree per (span, alpha) kept as the table's cache.
+"""The sampler's sum trees: the leaf law, and a tree per (span, law) kept as the table's cache.
 
 An *anchor* is ``(episode, step)``. For a learning region spanning ``span`` steps, the eligible
 anchors of an episode of length ``T`` are its steps ``0 .. T - span`` (``max(T - span + 1, 0)``
@@ -8,16 +8,15 @@ for each stored episode is (the *leaf law*)
 * ``unit="chunk"``:   ``n_e * m_e`` (every eligible anchor equally likely, times its weight),
 * ``unit="episode"``: ``[n_e > 0] * m_e`` (every episode with an eligible anchor equally likely),
 
-where ``m_e = (p_e / s) ** alpha`` for a prioritized draw (alpha a float) and 1 for a uniform one
-(alpha ``None``), and then a step uniformly among the episode's eligible anchors. The scale
-``s`` is the largest priority among the eligible episodes when the tree was built: it cancels
-in every probability, and keeps ``m_e <= 1`` so that no finite priority overflows float64 or
-underflows all masses to zero. A tree whose total drifts out of ``[2**-700, 2**700]`` (its
+where ``m_e`` is the selection law's mass (`lucid_replay.laws`: 1 for `Uniform`,
+``(p_e / s) ** alpha`` for `Prioritized`), and then a step uniformly among the episode's
+eligible anchors. The scale ``s`` is the law's, picked when the tree was built; it cancels in
+every probability. A prioritized tree whose total drifts out of ``[2**-700, 2**700]`` (its
 priorities moved by hundreds of orders of magnitude) is rebuilt with a new scale. Retired
 episodes (reuse limit reached) and evicted rows have leaf 0. The trees are caches of the
 episode table: writers mark rows dirty, and the next draw recomputes exactly those leaves
 (O(k log E)), so ``add`` stays O(1). The law is spelled twice, a screen apart: `leaf_values`
-(array code) and `refresh_leaves_loop` (compiled).
+(array code) and `refresh_leaves_loop` (compiled, given the law's masses).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import torch
 from lucid_replay import engine, sum_tree
 from lucid_replay.directory import Owners
 from lucid_replay.engine import Array
+from lucid_replay.laws import Law, LawKey, from_key
 from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module
@@ -39,8 +39,8 @@ __all__: list[str] = []  # internal module
 _MAX_TREES = 8  # distinct spans kept at once; the least recently used tree is dropped beyond
 _TOTAL_RANGE = (2.0**-700, 2.0**700)  # leaves <= n_e <= 2**62 each after a rescale
 UNIFORM_TREE = np.empty(0, dtype=np.float64)  # a loop's optional priority input, absent
-# Cached trees as a checkpoint keeps them: (span, extra, alpha, scale), least recent first.
-TreeKeys = Sequence[tuple[int, int, float | None, float]]
+# Cached trees as a checkpoint keeps them: (span, extra, law key, scale), least recent first.
+TreeKeys = Sequence[tuple[int, int, LawKey, float]]
 
 
 def eligible_anchors(lengths: Array, span: int) -> Array:
@@ -73,7 +73,7 @@ def episode_anchors(owners: Owners, slots: Array, span: int, extra: int) -> Arra
 
 
 class Trees:
-    """Sum trees over the rows of an `EpisodeTable`, one per ``(span, alpha)``, as caches.
+    """Sum trees over the rows of an `EpisodeTable`, one per ``(span, law)``, as caches.
 
     Parameters
     ----------
@@ -89,7 +89,9 @@ class Trees:
         self.table = table
         self.unit = unit
         self.reuse_limit = reuse_limit
-        self._trees: OrderedDict[tuple[int, int, float | None], sum_tree.CachedTree] = OrderedDict()
+        # Keyed by `Law.key`, not by the law: iterating an OrderedDict hashes its keys, and a
+        # tuple of plain values hashes in C (a law's hash is a Python call, ~2% of an ``add``).
+        self._trees: OrderedDict[tuple[int, int, LawKey], sum_tree.CachedTree] = OrderedDict()
         self._generation = table.generation
 
     # ------------------------------------------------------------------------ the cache
@@ -99,9 +101,9 @@ class Trees:
             tree.note(rows, self.table.row_count)
 
     def mark_priorities_dirty(self, rows: torch.Tensor) -> None:
-        """Note that only the priorities of ``rows`` changed (uniform trees stay exact)."""
-        for (_, _, alpha), tree in self._trees.items():
-            if alpha is not None:
+        """Note that only the priorities of ``rows`` changed (other laws' trees stay exact)."""
+        for (_, _, key), tree in self._trees.items():
+            if from_key(key).by_priority:
                 tree.note(rows, self.table.row_count)
 
     def tree_bytes(self) -> int:
@@ -117,14 +119,14 @@ class Trees:
         """
         self.table = table
         self.invalidate()
-        for span, extra, alpha, scale in saved:
-            self._trees[(span, extra, alpha)] = self._build(span, extra, alpha, scale)
+        for span, extra, key, scale in saved:
+            self._trees[(span, extra, key)] = self._build(span, extra, from_key(key), scale)
 
-    def state(self) -> list[tuple[int, int, float | None, float]]:
+    def state(self) -> list[tuple[int, int, LawKey, float]]:
         """The cached trees' keys and scales, least recently used first (see `adopt`)."""
         return [
-            (span, extra, alpha, tree.scale)
-            for (span, extra, alpha), tree in self._trees.items()
+            (span, extra, key, tree.scale)
+            for (span, extra, key), tree in self._trees.items()
             if not tree.stale
         ]
 
@@ -133,16 +135,16 @@ class Trees:
         self._trees.clear()
         self._generation = self.table.generation
 
-    def tree(self, span: int, alpha: float | None, extra: int = 0) -> torch.Tensor:
-        """The up-to-date tree for ``(span, alpha)`` (``None``: uniform), built on first use."""
-        return self.cached(span, alpha, extra).nodes
+    def tree(self, span: int, law: Law, extra: int = 0) -> torch.Tensor:
+        """The up-to-date tree for ``(span, law)``, built on first use."""
+        return self.cached(span, law, extra).nodes
 
     def max_need(self) -> int:
         """The most steps any cached tree's anchors need after them (0 without trees)."""
         return max((span + extra for span, extra, _ in self._trees), default=0)
 
-    def cached(self, span: int, alpha: float | None, extra: int = 0) -> sum_tree.CachedTree:
-        """The up-to-date `CachedTree` for ``(span, alpha)``.
+    def cached(self, span: int, law: Law, extra: int = 0) -> sum_tree.CachedTree:
+        """The up-to-date `CachedTree` for ``(span, law)``.
 
         Each tree refreshes only its own pending rows, and only when it is used, so adds and
         updates cost nothing for trees a training loop is not drawing from right now.
@@ -152,71 +154,65 @@ class Trees:
         if self._generation != self.table.generation:
             self.invalidate()
         extra = extra if self.table.segmented else 0
-        key = (span, extra, alpha)
+        key = (span, extra, law.key)
         cached = self._trees.get(key)
         if cached is not None and cached.pending and not cached.stale:
-            total = self._refresh(cached, span, extra, alpha)
+            total = self._refresh(cached, span, extra, law)
             low, high = _TOTAL_RANGE
-            if alpha is not None and not low <= total <= high:
+            if law.by_priority and not low <= total <= high:
                 cached.stale = True  # priorities moved far from the scale: rescale
         if cached is None or cached.stale:
-            cached = self._build(span, extra, alpha)
+            cached = self._build(span, extra, law)
             self._trees[key] = cached
             if len(self._trees) > _MAX_TREES:
                 self._trees.popitem(last=False)
         self._trees.move_to_end(key)
         return cached
 
-    def mass(self, span: int, alpha: float | None, extra: int = 0) -> float:
-        """Total leaf mass for ``(span, alpha)`` at its tree's scale; zero: nothing eligible.
+    def mass(self, span: int, law: Law, extra: int = 0) -> float:
+        """Total leaf mass for ``(span, law)`` at its tree's scale; zero: nothing eligible.
 
-        For the uniform tree (``alpha=None``) this is the number of eligible anchors
-        (``unit="chunk"``) or episodes (``unit="episode"``), O(1) amortised.
+        For the `Uniform` tree this is the number of eligible anchors (``unit="chunk"``) or
+        episodes (``unit="episode"``), O(1) amortised.
         """
-        return self.cached(span, alpha, extra).total()
+        return self.cached(span, law, extra).total()
 
-    def log_mass(self, span: int, alpha: float | None, extra: int = 0) -> float:
+    def log_mass(self, span: int, law: Law, extra: int = 0) -> float:
         """``log`` of the unscaled total mass (``-inf`` when nothing is eligible).
 
-        Masses of several tables with the same ``alpha`` compare in this form whatever their
-        trees' scales: ``log sum_e n_e p_e^alpha`` for chunks.
+        Masses of several tables under the same law compare in this form whatever their
+        trees' scales: ``log sum_e n_e p_e^alpha`` for chunks by priority.
         """
-        cached = self.cached(span, alpha, extra)
+        cached = self.cached(span, law, extra)
         total = cached.total()
         if total <= 0:
             return -math.inf
-        return math.log(total) + (0.0 if alpha is None else alpha * math.log(cached.scale))
+        return math.log(total) + law.log_scale(cached.scale)
 
     def _build(
-        self, span: int, extra: int, alpha: float | None, scale: float | None = None
+        self, span: int, extra: int, law: Law, scale: float | None = None
     ) -> sum_tree.CachedTree:
-        """A tree over every row, scaled by the largest eligible priority (O(E)).
+        """A tree over every row, at the law's scale for the eligible rows (O(E)).
 
         ``scale``: a given scale instead (a restored tree's).
         """
         rows = engine.view(torch.arange(self.table.row_count, device=self.table.device))
-        if scale is not None:
-            leaves = engine.tensor(self.leaf_values(rows, span, alpha, scale, extra))
-            return sum_tree.CachedTree(sum_tree.build(leaves), scale)
-        scale = 1.0
-        if alpha is not None:
-            eligible = self.leaf_values(rows, span, None, 1.0, extra) > 0
-            if bool(eligible.any()):
-                scale = float(self.table.arrays["priority"][rows][eligible].max())
-        leaves = engine.tensor(self.leaf_values(rows, span, alpha, scale, extra))
+        unit = self.unit_masses(rows, span, extra)
+        if scale is None:
+            scale = law.scale(self.table, rows[unit > 0])
+        leaves = engine.tensor(law.leaf_values(self.table, rows, unit, scale))
         return sum_tree.CachedTree(sum_tree.build(leaves), scale)
 
     # ------------------------------------------------------------------- the leaf law
-    def _refresh(
-        self, cached: sum_tree.CachedTree, span: int, extra: int, alpha: float | None
-    ) -> float:
+    def _refresh(self, cached: sum_tree.CachedTree, span: int, extra: int, law: Law) -> float:
         """Recompute the leaves of ``cached``'s pending rows (O(k log E)); return its total."""
         rows = cached.take_pending(self.table.device)
         if not engine.compiled(rows):
-            leaves = self.leaf_values(rows, span, alpha, cached.scale, extra)
+            leaves = self.leaf_values(rows, span, law, cached.scale, extra)
             sum_tree.assign_leaves(cached.nodes, rows, leaves)
             return cached.total()
         table, column, owners = self.table, self.table.arrays, self.table.owners()
+        masses = law.masses(table, rows, cached.scale)
         return float(
             refresh_leaves_loop(
                 cached.array,
@@ -230,18 +226,24 @@ class Trees:
                 span,
                 extra,
                 self.unit == "chunk",
-                UNIFORM_TREE if alpha is None else self._powered(rows, alpha, cached.scale),
+                UNIFORM_TREE if masses is None else masses,
                 *owners,
             )
         )
 
-    def leaf_values(
-        self, rows: Array, span: int, alpha: float | None, scale: float, extra: int = 0
-    ) -> Array:
-        """The leaf mass of table ``rows`` in the tree for ``(span, extra, alpha)`` at ``scale``.
+    def leaf_values(self, rows: Array, span: int, law: Law, scale: float, extra: int = 0) -> Array:
+        """The leaf mass of table ``rows`` in the tree for ``(span, extra, law)`` at ``scale``.
 
         ``rows`` and the result are `engine` arrays; the mass is an integer, bool or float64
         array, exact when stored in the float64 tree.
+        """
+        return law.leaf_values(self.table, rows, self.unit_masses(rows, span, extra), scale)
+
+    def unit_masses(self, rows: Array, span: int, extra: int = 0) -> Array:
+        """The `Uniform` leaves of table ``rows``: each row's unit mass, 0 if not drawable.
+
+        Its eligible anchors (``unit="chunk"``), else its share of its episode's one unit;
+        0 for a dead or retired row. An integer, bool or float64 `engine` array.
         """
         column, owners = self.table.arrays, self.table.owners()
         slots = owners.slot[rows]
@@ -257,18 +259,7 @@ class Trees:
             in_episode = episode_anchors(owners, slots, span, extra)
             with np.errstate(divide="ignore", invalid="ignore"):
                 mass = engine.where(count > 0, count / (in_episode + (in_episode == 0)), 0.0)
-        if alpha is None:
-            return mass * live
-        # An overflow to inf makes `cached` rescale; rows that are not drawable (dead, or
-        # without an eligible anchor: 0 * inf) are zeroed by the mask.
-        with np.errstate(over="ignore", invalid="ignore"):
-            mass = mass * self._powered(rows, alpha, scale)
-        return engine.where(live & (count > 0), mass, 0.0)
-
-    def _powered(self, rows: Array, alpha: float, scale: float) -> Array:
-        """``(p / scale) ** alpha`` of table ``rows`` (an overflow to inf is no error)."""
-        with np.errstate(over="ignore"):
-            return (self.table.arrays["priority"][rows] / scale) ** alpha
+        return mass * live
 
 
 @engine.jit
@@ -284,7 +275,7 @@ def refresh_leaves_loop(
     span: int,
     extra: int,
     per_anchor: bool,
-    powered: np.ndarray,
+    masses: np.ndarray,
     slot: np.ndarray,
     first_step: np.ndarray,
     total: np.ndarray,
@@ -298,16 +289,16 @@ def refresh_leaves_loop(
     The leaves' ancestors are recomputed as `sum_tree.refresh` does. A row is live when its
     key (episode or segment id) is in ``[first_key, next_key)`` and, with a ``reuse_limit``
     (``-1``: none), its episode was drawn fewer times than that. Its mass is its count of
-    eligible anchors (`anchors_in_rows`; the arrays after ``powered`` are the table's
+    eligible anchors (`anchors_in_rows`; the arrays after ``masses`` are the table's
     `Owners`) (``per_anchor``), else its share of its episode's unit mass: 1 if it has an
     anchor for a whole episode, ``count / episode count`` for a segment. A live row gets
-    its mass, a dead one 0. For a prioritized tree, ``powered[i]`` is ``(p / scale) **
-    alpha`` of ``rows[i]`` (computed by the caller with numpy, whose power this does not
-    reproduce), and a live row with an eligible anchor gets ``mass * powered[i]``;
-    ``powered`` is empty for a uniform tree.
+    its mass, a dead one 0. ``masses[i]`` is the law's mass of ``rows[i]`` (`Law.masses`,
+    computed by the caller with numpy, whose power this does not reproduce), and a live row
+    with an eligible anchor gets ``mass * masses[i]``; ``masses`` is empty when every mass
+    is 1 (`Uniform`).
     """
     leaf0 = tree.shape[0] // 2
-    weighted = powered.shape[0] > 0
+    weighted = masses.shape[0] > 0
     for i in range(rows.shape[0]):
         row = rows[i]
         owner = slot[row]
@@ -327,7 +318,7 @@ def refresh_leaves_loop(
         if not weighted:
             tree[leaf0 + row] = mass
         else:
-            tree[leaf0 + row] = mass * powered[i] if anchors > 0 else 0.0
+            tree[leaf0 + row] = mass * masses[i] if anchors > 0 else 0.0
     for i in range(rows.shape[0]):
         sum_tree.recompute_ancestors(tree, leaf0 + rows[i], levels)
     return float(tree[1])

@@ -29,6 +29,7 @@ from conftest import (
 )
 
 from lucid_replay import CheckpointError, Episode, PrioritizedSequenceReplay, SequenceReplay
+from lucid_replay.laws import Prioritized
 
 # Tests that draw after a load, or compare a buffer with a twin, run on both engines of the
 # index arithmetic (`both_engines`); checks of a state alone run once.
@@ -895,11 +896,11 @@ def test_a_load_rebuilds_the_sum_trees_bitwise_at_their_saved_scales(segment_len
         buffer.add(Episode({"x": torch.arange(length)}))
     buffer.sample_prioritized(4, 2)  # builds the tree at scale 1 (every priority is 1)
     buffer.update_priorities(list(buffer.episode_ids), [0.3, 0.1, 0.7])
-    live = buffer._core.sampler.trees.cached(2, 0.7)
+    live = buffer._core.sampler.trees.cached(2, Prioritized(0.7))
     loaded = PrioritizedSequenceReplay(capacity=100, alpha=0.7, segment_length=segment_length)
     loaded.load_state_dict(buffer.state_dict())
-    rebuilt = loaded._core.sampler.trees.cached(2, 0.7)
+    rebuilt = loaded._core.sampler.trees.cached(2, Prioritized(0.7))
     assert rebuilt.scale == live.scale == 1.0
     assert torch.equal(rebuilt.nodes, live.nodes)
-    fresh = loaded._core.sampler.trees._build(2, 0, 0.7)  # what a load rebuilt before
+    fresh = loaded._core.sampler.trees._build(2, 0, Prioritized(0.7))  # what a load rebuilt before
     assert fresh.scale != live.scale and not torch.equal(fresh.nodes, live.nodes)

@@ -15,6 +15,7 @@ from conftest import make_episode
 
 from lucid_replay import PrioritizedSequenceReplay, Window
 from lucid_replay.distributed.hooks import ShardHooks
+from lucid_replay.laws import Prioritized, Uniform
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
@@ -37,9 +38,8 @@ def _coordinated(
     """Rounds of draws for the refused positions, merged in round order."""
     pieces, needed = [], batch_size
     while needed:
-        batch, priorities, kept = hooks.draw_round(
-            needed, window, prioritized=prioritized, chunks=chunks
-        )
+        law = Prioritized(hooks.buffer.alpha) if prioritized else Uniform()
+        batch, priorities, kept = hooks.draw_round(needed, window, law, chunks=chunks)
         pieces.append((batch, priorities))
         needed = int((~kept).sum())
     ids = torch.cat([batch.episode_ids for batch, _ in pieces])
@@ -88,7 +88,7 @@ def test_draw_round_under_the_limit_refuses_without_redrawing():
     buffer = PrioritizedSequenceReplay(capacity=50, seed=0, max_times_sampled=1)
     buffer.extend(make_episode(4) for _ in range(2))
     hooks = ShardHooks(buffer)
-    batch, _, kept = hooks.draw_round(6, Window(4), prioritized=True)
+    batch, _, kept = hooks.draw_round(6, Window(4), Prioritized(buffer.alpha))
     assert kept.dtype == torch.bool and kept.shape == (6,)
     assert batch.batch_size == int(kept.sum()) < 6
     assert batch.batch_size == len(set(batch.episode_ids.tolist()))  # each at most once
@@ -107,9 +107,9 @@ def test_log_mass_is_the_unscaled_total_mass():
         counts = np.maximum(lengths - WINDOW.anchor_span + 1, 0)
         logs = np.log(counts[counts > 0]) + 0.7 * np.log(priorities[counts > 0])
         expected = logs.max() + np.log(np.exp(logs - logs.max()).sum())
-        assert hooks.log_mass(WINDOW, prioritized=True) == pytest.approx(expected, rel=1e-12)
-    assert hooks.log_mass(WINDOW, prioritized=False) == pytest.approx(math.log(counts.sum()))
-    assert hooks.log_mass(Window(14), prioritized=True) == -math.inf
+        assert hooks.log_mass(WINDOW, Prioritized(0.7)) == pytest.approx(expected, rel=1e-12)
+    assert hooks.log_mass(WINDOW, Uniform()) == pytest.approx(math.log(counts.sum()))
+    assert hooks.log_mass(Window(14), Prioritized(0.7)) == -math.inf
 
 
 def test_update_reports_the_largest_applied_priority_and_skips_evicted_ids():

@@ -17,7 +17,9 @@ import torch
 from conftest import INF, NAN, F, T
 
 from lucid_replay import CheckpointError, InvalidArgumentError, engine
+from lucid_replay.laws import Prioritized
 from lucid_replay.priorities import Priorities, window_priorities
+from lucid_replay.records import Anchors
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
@@ -232,11 +234,22 @@ def test_of_errors_refuses_a_priority_beyond_float64():
         priorities.of_errors(torch.tensor([1.0, 1.7e308], dtype=torch.float64))
 
 
+def _weights(priorities: Priorities, drawn: list[float]):
+    """`Priorities.weights` of a prioritized draw of priorities ``drawn`` (the fast path)."""
+    values = engine.view(torch.tensor(drawn, dtype=torch.float64))
+    rows = engine.view(torch.arange(len(drawn)))
+    anchors = Anchors(rows, rows, rows, values)
+
+    def probability():
+        raise AssertionError("the exact fast path needs no probabilities")
+
+    return priorities.weights(Prioritized(priorities.alpha), anchors, probability)
+
+
 def test_weights_are_the_priority_ratio_to_the_power_alpha_beta():
     """``w = (p_min / p)^(alpha beta)``: float32, [B], exactly 1 for the smallest priority."""
     priorities = Priorities(0.5, 0.4, 1e-6)
-    drawn = engine.view(torch.tensor([2.0, 1.0, 4.0, 1.0], dtype=torch.float64))
-    weights = engine.tensor(priorities.weights(drawn))
+    weights = engine.tensor(_weights(priorities, [2.0, 1.0, 4.0, 1.0]))
     assert weights.dtype == torch.float32
     assert weights.shape == (4,) and float(weights.max()) == 1.0
     expected = [2**-0.2, 1.0, 4**-0.2, 1.0]
@@ -250,14 +263,14 @@ def test_weights_are_the_priority_ratio_to_the_power_alpha_beta():
 def test_weights_are_finite_where_the_priority_power_overflows():
     """Priorities whose ``p^alpha`` overflows float64 still give finite weights."""
     priorities = Priorities(50.0, 1.0, 1e-6)
-    weights = priorities.weights(engine.view(torch.tensor([1e7, 1.01e7], dtype=torch.float64)))
+    weights = _weights(priorities, [1e7, 1.01e7])
     assert weights.tolist() == pytest.approx([1.0, (1 / 1.01) ** 50], rel=1e-6)
 
 
 def test_weights_with_beta_zero_are_all_one():
     """beta = 0 gives no correction: every weight is 1."""
     priorities = Priorities(0.6, 0.0, 1e-6)
-    weights = priorities.weights(engine.view(torch.tensor([0.5, 8.0], dtype=torch.float64)))
+    weights = _weights(priorities, [0.5, 8.0])
     assert weights.tolist() == [1.0, 1.0]
 
 

@@ -40,6 +40,7 @@ from lucid_replay import (
     engine,
     sum_tree,
 )
+from lucid_replay.laws import Prioritized, from_key
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 
@@ -192,8 +193,10 @@ def test_trees_stay_exact_through_table_growth_and_many_updates() -> None:
     priorities = buffer.priorities.numpy()
     rows = buffer._core.store.table.rows_of(torch.tensor(stored)).numpy()
     for span in (3, 6):
-        tree = buffer._core.sampler.trees.tree(span, alpha)
-        scale = buffer._core.sampler.trees.cached(span, alpha).scale ** alpha  # cancels in every P
+        tree = buffer._core.sampler.trees.tree(span, Prioritized(alpha))
+        scale = (
+            buffer._core.sampler.trees.cached(span, Prioritized(alpha)).scale ** alpha
+        )  # cancels in every P
         counts = eligible_starts([lengths[i] for i in stored], span)
         expected = np.zeros(buffer._core.store.table.row_count)
         expected[rows] = counts * priorities**alpha
@@ -218,11 +221,11 @@ def test_trees_refresh_changed_rows_until_more_are_pending_than_rows() -> None:
         return [ids[(start + j) % len(ids)] for j in range(batch)]
 
     buffer.sample_prioritized(8, span)
-    cached = sampler.trees.cached(span, alpha)
+    cached = sampler.trees.cached(span, Prioritized(alpha))
     for start in range(0, rows_total, batch):  # a quarter of the rows pending at each draw
         buffer.update_priorities(some(start), rng.exponential(size=batch) * 5)
         buffer.sample_prioritized(8, span)
-        assert sampler.trees.cached(span, alpha) is cached
+        assert sampler.trees.cached(span, Prioritized(alpha)) is cached
     assert list(buffer.episode_ids) == ids  # nothing evicted: priorities in this order
     rows = buffer._core.store.table.rows_of(torch.tensor(ids)).numpy()
     expected = np.zeros(rows_total)
@@ -232,7 +235,7 @@ def test_trees_refresh_changed_rows_until_more_are_pending_than_rows() -> None:
     for start in range(0, rows_total + 1, batch):  # more pending than rows, no draw between
         buffer.update_priorities(some(start), np.ones(batch))
     buffer.sample_prioritized(8, span)
-    assert sampler.trees.cached(span, alpha) is not cached
+    assert sampler.trees.cached(span, Prioritized(alpha)) is not cached
 
 
 @pytest.mark.parametrize(
@@ -261,10 +264,11 @@ def test_refreshed_trees_are_bitwise_the_trees_built_from_the_table(
         buffer.update_priorities(batch.episode_ids, rng.exponential(size=8) * 3)
     assert buffer.stats()["episodes_evicted"] > 0
     assert limit is None or buffer.stats()["episodes_retired"] > 0
-    sampler.trees.tree(3, alpha)
-    cached = sampler.trees.cached(3, alpha)
+    law = from_key(alpha)
+    sampler.trees.tree(3, law)
+    cached = sampler.trees.cached(3, law)
     rows = torch.arange(buffer._core.store.table.row_count)
-    leaves = sampler.trees.leaf_values(engine.view(rows), 3, alpha, cached.scale)
+    leaves = sampler.trees.leaf_values(engine.view(rows), 3, law, cached.scale)
     built = sum_tree.build(engine.tensor(engine.cast(leaves, torch.float64)))
     if index_engine == "torch" and alpha is not None:
         torch.testing.assert_close(cached.nodes, built, rtol=4.5e-16, atol=0.0)

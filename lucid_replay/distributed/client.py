@@ -307,7 +307,8 @@ class ShardedReplay(ShardedStreams):
     def _chunks(
         self, batch_size: int, length: int, device: Any, timeout: Any, *, prioritized: bool
     ) -> Batch:
-        batch = self._draw(draw.chunk_spec(batch_size, length, prioritized), device, timeout)
+        spec = draw.chunk_spec(batch_size, length, prioritized, self.alpha)
+        batch = self._draw(spec, device, timeout)
         assert isinstance(batch, Batch)
         return batch
 
@@ -325,7 +326,8 @@ class ShardedReplay(ShardedStreams):
         ``prioritized=None`` means prioritized. The law and weights are the single buffer's
         over all stored episodes; `RateLimiterTimeout` after ``timeout`` seconds of waiting.
         """
-        batch = self._draw(draw.window_spec(batch_size, window, prioritized), device, timeout)
+        spec = draw.window_spec(batch_size, window, prioritized, self.alpha)
+        batch = self._draw(spec, device, timeout)
         assert isinstance(batch, WindowBatch)
         return batch
 
@@ -347,7 +349,7 @@ class ShardedReplay(ShardedStreams):
         The shards draw the next batches while the learner computes on this one; see
         `lucid_replay.distributed.stream` for the order of reads and draws.
         """
-        spec = draw.window_spec(batch_size, window, None)
+        spec = draw.window_spec(batch_size, window, None, self.alpha)
         check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
         target = check_device("device", "cpu" if device is None else device)
         timeout = settings.checked_timeout(timeout)

@@ -32,8 +32,8 @@ def begin(
         return None
     try:
         with replay._lock:
-            shards, window, prioritized = replay._shards, spec.window, spec.prioritized
-            infos = calls.get([s.info.remote(window, prioritized) for s in shards])
+            shards, window, law = replay._shards, spec.window, spec.law
+            infos = calls.get([s.info.remote(window, law) for s in shards])
             draw.check(infos, spec, replay.max_times_sampled)
             masses = [info["log_mass"] for info in infos]
             pending = draw.start(shards, replay._rng, spec, masses)
@@ -53,7 +53,7 @@ def complete(replay: Any, pending: draw.Pending, target: torch.device) -> Batch 
         draw.finish(replay._shards, replay._rng, pending, calls.get, limit)
     spec = pending.spec
     tensors = transport.merge(pending.pieces, pending.destinations, spec.batch_size, target)
-    weights = draw.weights(pending, pending.exponent) if spec.prioritized else None
+    weights = draw.weights(pending, pending.exponent) if spec.law.by_priority else None
     unit = replay._config["priority_unit"]
     return transport.build(tensors, weights, target, chunks=spec.chunks, priority_unit=unit)
 

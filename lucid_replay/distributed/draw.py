@@ -14,7 +14,8 @@ the rest without redrawing; the refused positions are labelled again from the ma
 the round (exhausted episodes then weigh 0) and appended after the kept ones, round after
 round, which is the single buffer's own algorithm. Weights
 $(N P_j)^{-\beta} / \max_i (N P_i)^{-\beta} = (\min_i p_i / p_j)^{\alpha \beta}$ need only
-the drawn priorities, and are normalised over the merged batch.
+the drawn priorities (`lucid_replay.laws.priority_weights`), and are normalised over the
+merged batch.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 
 from lucid_replay.checks import check_int
 from lucid_replay.errors import ReuseLimitError, must, must_have, wrong_type
+from lucid_replay.laws import Law, Prioritized, of_flag, priority_weights
 from lucid_replay.window import MAX_RECORDS, Window, check_window
 
 __all__: list[str] = []  # internal module
@@ -38,14 +40,14 @@ MAX_BATCH = 2**31 - 1
 
 @attrs.frozen
 class Spec:
-    """One draw: ``batch_size`` anchors of ``window``, by priority or uniformly.
+    """One draw: ``batch_size`` anchors of ``window`` by ``law`` (every shard draws by it).
 
     ``chunks``: chunks of ``window.length`` steps; ``what`` names the argument of the span.
     """
 
     batch_size: int
     window: Window
-    prioritized: bool
+    law: Law
     chunks: bool
     what: str
 
@@ -65,21 +67,24 @@ class Pending:
     exponent: float = 1.0  # alpha * beta when the draw started (its weights' exponent)
 
 
-def chunk_spec(batch_size: int, length: int, prioritized: bool) -> Spec:
-    """A checked draw of chunks of ``length`` steps."""
+def chunk_spec(batch_size: int, length: int, prioritized: bool, alpha: float) -> Spec:
+    """A checked draw of chunks of ``length`` steps (by `Prioritized` ``alpha``, or uniformly)."""
     check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
     check_int("length", length, minimum=1, maximum=MAX_RECORDS)
-    return Spec(batch_size, Window(length), prioritized, True, "length")
+    return Spec(
+        batch_size, Window(length), of_flag(prioritized, Prioritized(alpha)), True, "length"
+    )
 
 
-def window_spec(batch_size: int, window: Window, prioritized: object) -> Spec:
-    """A checked draw of windows (``prioritized=None``: by priority)."""
+def window_spec(batch_size: int, window: Window, prioritized: object, alpha: float) -> Spec:
+    """A checked draw of windows (``prioritized=None``: by `Prioritized` ``alpha``)."""
     check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
     check_window(window)
     if prioritized is not None and not isinstance(prioritized, bool):
         raise wrong_type("prioritized", "a bool or None", prioritized)
     what = "length" if window == Window(window.length) else "the window's anchor span"
-    return Spec(batch_size, window, prioritized is not False, False, what)
+    law = of_flag(prioritized is not False, Prioritized(alpha))
+    return Spec(batch_size, window, law, False, what)
 
 
 def check(infos: list[dict[str, Any]], spec: Spec, reuse_limit: int | None) -> None:
@@ -140,7 +145,7 @@ def _round(shards: list[Any], rng: np.random.Generator, pending: Pending, count:
     pending.labels = labels(rng, pending.log_masses, count)
     counts = np.bincount(pending.labels, minlength=len(shards))
     pending.futures = {
-        k: shards[k].draw.remote(int(n), spec.window, spec.prioritized, spec.chunks)
+        k: shards[k].draw.remote(int(n), spec.window, spec.law, spec.chunks)
         for k, n in enumerate(counts.tolist())
         if n
     }
@@ -197,5 +202,5 @@ def weights(pending: Pending, exponent: float) -> np.ndarray | None:
     drawn = np.empty(pending.spec.batch_size, dtype=np.float64)
     for rows, part in zip(pending.destinations, pending.priorities, strict=True):
         drawn[rows] = part
-    ratio = drawn.min() / drawn
-    return np.asarray(ratio**exponent, dtype=np.float32)
+    weights: np.ndarray = priority_weights(drawn, exponent)
+    return weights

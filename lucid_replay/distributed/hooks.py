@@ -24,6 +24,7 @@ import torch
 from lucid_replay import engine
 from lucid_replay.batch import Batch, WindowBatch
 from lucid_replay.errors import wrong_kind
+from lucid_replay.laws import Law
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.window import Window
 
@@ -38,10 +39,10 @@ class ShardHooks:
             raise wrong_kind("buffer", "a PrioritizedSequenceReplay", type(buffer).__name__)
         self.buffer = buffer
 
-    def log_mass(self, window: Window, *, prioritized: bool) -> float:
-        """``log`` of the mass a draw of ``window`` chooses from (``-inf``: nothing)."""
+    def log_mass(self, window: Window, law: Law) -> float:
+        """``log`` of the mass a draw of ``window`` by ``law`` chooses from (``-inf``: nothing)."""
         with self.buffer._lock:
-            return self.buffer._core.log_mass(window, prioritized=prioritized)
+            return self.buffer._core.log_mass(window, law)
 
     def draws_left(self, window: Window) -> int | None:
         """Draws the reuse limit still allows for ``window``; ``None`` without a limit."""
@@ -52,15 +53,15 @@ class ShardHooks:
         self,
         count: int,
         window: Window,
+        law: Law,
         *,
-        prioritized: bool,
         chunks: bool = False,
         device: torch.device | str | None = None,
     ) -> tuple[Batch | WindowBatch, torch.Tensor | None, torch.Tensor]:
         """``count`` draws of ``window`` (or of chunks of ``window.length`` steps).
 
         Returns the batch of the draws kept (no weights), their priorities (float64, for a
-        prioritized draw) and which of the ``count`` draws the reuse limit kept (bool
+        law by priority) and which of the ``count`` draws the reuse limit kept (bool
         ``[count]``): a coordinator of several shards puts each shard's kept draws back at
         the batch positions it labelled with that shard, in draw order. The caller makes
         sure the mass is positive (`log_mass`).
@@ -68,9 +69,7 @@ class ShardHooks:
         buffer = self.buffer
         target = buffer._batch_device(device)
         with buffer._lock:
-            batch, drawn, kept = buffer._core.draw_round(
-                count, window, target, prioritized=prioritized, chunks=chunks
-            )
+            batch, drawn, kept = buffer._core.draw_round(count, window, target, law, chunks=chunks)
         priorities = None if drawn is None else engine.tensor(drawn)
         return batch, priorities, kept
 

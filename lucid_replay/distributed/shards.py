@@ -35,6 +35,7 @@ from lucid_replay import engine, files
 from lucid_replay.distributed.hooks import ShardHooks
 from lucid_replay.distributed.shard_streams import ShardStreams
 from lucid_replay.episode import Episode
+from lucid_replay.laws import Law
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.schema import Schema
 from lucid_replay.streams import EpisodeStream
@@ -198,8 +199,8 @@ class ReplayShard(ShardStreams):
             self.checkpoint()
 
     # ------------------------------------------------------------------------- drawing
-    def info(self, window: Window, prioritized: bool) -> dict[str, Any]:
-        """What the coordinator needs before a draw of ``window``."""
+    def info(self, window: Window, law: Law) -> dict[str, Any]:
+        """What the coordinator needs before a draw of ``window`` by ``law``."""
         buffer = self.buffer
         with buffer._lock:
             table = buffer._core.store.table
@@ -210,30 +211,28 @@ class ReplayShard(ShardStreams):
             extra = window.open_anchor_span - window.anchor_span
             anchors = engine.tensor(episode_anchors(owners, slots, window.anchor_span, extra))
             return {
-                "log_mass": self.hooks.log_mass(window, prioritized=prioritized),
+                "log_mass": self.hooks.log_mass(window, law),
                 "draws_left": self.hooks.draws_left(window),
                 "episodes": buffer.num_episodes,
                 "longest": int(lengths.max()) if lengths.numel() else 0,
                 "eligible": bool((anchors > 0).any()),  # reuse limit aside
             }
 
-    def draw(self, count: int, window: Window, prioritized: bool, chunks: bool) -> dict[str, Any]:
+    def draw(self, count: int, window: Window, law: Law, chunks: bool) -> dict[str, Any]:
         """``count`` draws; the kept ones packed, their priorities, and the kept mask.
 
         A shard with nothing to draw from (its episodes were evicted or retired since the
         coordinator read its mass) keeps none, leaving its random stream untouched.
         """
         evicted = self._counters()[2]
-        if self.hooks.log_mass(window, prioritized=prioritized) == -math.inf:
+        if self.hooks.log_mass(window, law) == -math.inf:
             return {
                 "batch": None,
                 "priorities": None,
                 "kept": np.zeros(count, dtype=bool),
                 "log_mass": -math.inf,
             }
-        batch, priorities, kept = self.hooks.draw_round(
-            count, window, prioritized=prioritized, chunks=chunks
-        )
+        batch, priorities, kept = self.hooks.draw_round(count, window, law, chunks=chunks)
         packed = transport.pack_batch(batch)
         for key in transport.ID_KEYS:
             if key in packed:
@@ -246,7 +245,7 @@ class ReplayShard(ShardStreams):
             "batch": packed,
             "priorities": None if priorities is None else priorities.numpy(),
             "kept": kept.numpy(),
-            "log_mass": self.hooks.log_mass(window, prioritized=prioritized),
+            "log_mass": self.hooks.log_mass(window, law),
         }
 
     # ---------------------------------------------------------------------- priorities
