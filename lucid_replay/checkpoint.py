@@ -17,18 +17,25 @@ lists the cached sum trees' keys and scales: a tree's leaves depend on the scale
 built at, so the trees are rebuilt at those scales and draws after a load are bitwise the
 saved buffer's (files without it load; their trees are rebuilt when first drawn from).
 
-Files (version 2) add ``checksum``: the SHA-256 of every other entry in a canonical encoding,
-so that a flipped bit anywhere in the payload is refused, and are written whole or not at all
-(`lucid_replay.files`). Version 1 files, which predate the checksum, still load. This module
-packs and unpacks `Snapshot` records and knows no buffer class: the buffers register themselves
-by name.
+``data`` holds each field's stored transitions in offset order: one ``[stored, *shape]``
+tensor, or a list of pieces in order, ``[n, *shape]`` each (files from version 3 on): a file
+is written straight from the ring's memory (`TransitionRing.export`), which holds a field's
+transitions in two pieces where they cross the ring's seam. `state_dict` always joins them.
+
+Files add ``checksum`` (from version 2): the SHA-256 of every other entry in a canonical
+encoding, so that a flipped bit anywhere in the payload is refused, and are written whole or
+not at all (`lucid_replay.files`). They are read through a memory map, and the data copied
+into the ring field by field, so a load never holds a second copy of the data in the
+process's own memory. Version 1 files, which predate the checksum, and version 2 files,
+whose fields are one tensor each, still load. This module packs and unpacks `Snapshot`
+records and knows no buffer class: the buffers register themselves by name.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
+import zipfile
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -36,6 +43,7 @@ import attrs
 import torch
 
 from lucid_replay import files
+from lucid_replay.allocators import Allocator
 from lucid_replay.errors import CheckpointError
 from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
@@ -44,8 +52,8 @@ from lucid_replay.table import EpisodeTable
 __all__: list[str] = []  # internal module
 
 FORMAT = "lucid_replay.buffer"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3  # 3: a field's data may be a list of pieces
+READABLE_VERSIONS = (1, 2, 3)
 COUNTS = (
     "episodes_added",
     "transitions_added",
@@ -101,14 +109,25 @@ class Snapshot:
     trees: list[tuple[int, int, float | None, float]] = attrs.field(factory=list)
 
 
-def pack(snapshot: Snapshot) -> dict[str, Any]:
-    """The state of ``snapshot`` as plain containers and CPU tensors (copies)."""
+def pack(snapshot: Snapshot, *, copy: bool = True) -> dict[str, Any]:
+    """The state of ``snapshot`` as plain containers and tensors.
+
+    With ``copy`` (`state_dict`), every tensor is a CPU copy and each field's data one
+    ``[stored, *shape]`` tensor. Without it, the data are the ring's own memory, uncopied
+    (`TransitionRing.export`): a field is one tensor, or a list of two where its transitions
+    cross the ring's seam, on the ring's device. Write such a state out before the ring
+    changes (`write`, under the buffer's lock).
+    """
     table, ring = snapshot.table, snapshot.ring
     stored = table.num_transitions
     columns, episodes = table.saved_columns()
-    data = {}
+    data: dict[str, Any] = {}
     if snapshot.schema is not None and stored:
-        data = {k: v.cpu() for k, v in ring.read(table.oldest_offset, stored).items()}
+        for name, pieces in ring.export(table.oldest_offset, stored):  # a field at a time
+            if copy:
+                data[name] = torch.cat(pieces).cpu()  # a copy on the ring's device, if not CPU
+            else:
+                data[name] = pieces[0] if len(pieces) == 1 else pieces
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -134,8 +153,13 @@ def pack(snapshot: Snapshot) -> dict[str, Any]:
     }
 
 
-def unpack(state: Mapping[str, Any], *, device: torch.device, capacity: int) -> Snapshot:
+def unpack(
+    state: Mapping[str, Any], *, device: torch.device, capacity: int, allocator: Allocator
+) -> Snapshot:
     """A `Snapshot` of ``state`` on ``device``, every structural invariant checked.
+
+    Its ring's storage comes from ``allocator`` (the loading buffer's); the data are copied
+    into it one field at a time.
 
     What depends on the buffer loading it (configuration, counters against the table, the
     RNG against its generator, priorities) is checked by the buffer.
@@ -165,16 +189,19 @@ def unpack(state: Mapping[str, Any], *, device: torch.device, capacity: int) -> 
         capacity=capacity,
         episodes=saved_table.get("episodes"),
     )
-    ring = TransitionRing(capacity, device)
+    ring = TransitionRing(capacity, device, allocator)
     if schema is None:
         if table.num_transitions or state["data"]:
             raise CheckpointError("checkpoint schema must describe its stored data, got none")
+    elif table.num_transitions:
+        data = _checked_data(state["data"], schema, table)
+        ring.allocate(schema)
+        for name, pieces in data.items():
+            ring.fill(name, table.oldest_offset, pieces)
+    elif state["data"]:
+        raise CheckpointError("checkpoint data must be empty with no stored transitions")
     else:
         ring.allocate(schema)
-        if table.num_transitions:
-            ring.write(table.oldest_offset, _checked_data(state["data"], schema, table))
-        elif state["data"]:
-            raise CheckpointError("checkpoint data must be empty with no stored transitions")
     counts = state["counts"]
     if not isinstance(counts, Mapping) or set(counts) != set(COUNTS):
         got = sorted(counts) if isinstance(counts, Mapping) else type(counts).__name__
@@ -201,97 +228,6 @@ def unpack(state: Mapping[str, Any], *, device: torch.device, capacity: int) -> 
         extra=dict(extra),
         trees=_checked_trees(state.get("trees", [])),
     )
-
-
-def check_adoptable(
-    snapshot: Snapshot,
-    config: Mapping[str, Any],
-    *,
-    reuse_limit: int | None,
-    prioritized: bool,
-    device: torch.device,
-) -> None:
-    """Refuse a snapshot a buffer of ``config`` cannot adopt (all but its priority state).
-
-    The configuration must match (the storage device aside), counters must match the table,
-    draw counts the reuse limit, and the RNG state must be one torch accepts on ``device``.
-    A uniform buffer's priorities are all 1 and it has no extra state.
-    """
-    mine = {k: v for k, v in config.items() if k != "device"}
-    theirs = {"schema": None, **{k: v for k, v in snapshot.config.items() if k != "device"}}
-    if mine != theirs:
-        raise CheckpointError(f"checkpoint configuration must be {mine}, got {theirs}")
-    _check_consistent(snapshot, reuse_limit, device)
-    if not prioritized:
-        table = snapshot.table
-        stored = table.priority[table.stored_rows()]
-        if snapshot.extra:
-            raise CheckpointError(f"checkpoint extra state must be empty, got {snapshot.extra}")
-        if not bool((stored == 1.0).all()):
-            raise CheckpointError(
-                "checkpoint priority of every episode of a uniform buffer must be 1, got "
-                f"{sorted(set(stored.tolist()) - {1.0})[:3]}"
-            )
-
-
-def _check_consistent(snapshot: Snapshot, reuse_limit: int | None, device: torch.device) -> None:
-    """Refuse a snapshot whose parts contradict each other.
-
-    Counters must match the table they were saved with, draw counts the reuse limit, and
-    the RNG state must be one torch accepts for a generator on ``device``.
-    """
-    table, counts = snapshot.table, snapshot.counts
-    stored = table.stored_rows()
-    times = table.times_sampled[stored]
-    added, evicted = table.next_id, table.first_id
-    if table.directory is not None:  # episodes are not rows: bounds, not equalities
-        directory = table.directory
-        times = directory.columns["times"][torch.from_numpy(directory.live_slots().copy())]
-        added, evicted = counts["episodes_added"], counts["episodes_evicted"]
-        if not evicted <= added <= directory.next_episode_id:
-            raise CheckpointError(
-                "checkpoint counts must have episodes_evicted <= episodes_added <= "
-                f"next_episode_id ({directory.next_episode_id}), got {evicted} and {added}"
-            )
-    expected = {
-        "episodes_added": added,
-        "episodes_evicted": evicted,
-        "transitions_added": table.next_offset,
-        "transitions_evicted": table.oldest_offset,
-    }
-    for name, value in expected.items():
-        if counts[name] != value:
-            raise CheckpointError(
-                f"checkpoint counts[{name!r}] must equal the table's {value}, got {counts[name]}"
-            )
-    if snapshot.evicted_unsampled > evicted:
-        raise CheckpointError(
-            f"checkpoint evicted_unsampled must be <= episodes_evicted ({evicted}), "
-            f"got {snapshot.evicted_unsampled}"
-        )
-    if reuse_limit is not None and bool((times > reuse_limit).any()):
-        raise CheckpointError(
-            f"checkpoint times_sampled must be <= max_times_sampled={reuse_limit}, "
-            f"got {int(times.max())}"
-        )
-    if int(times.sum()) > counts["chunks_sampled"]:
-        raise CheckpointError(
-            f"checkpoint chunks_sampled must be >= the draws of stored episodes "
-            f"({int(times.sum())}), got {counts['chunks_sampled']}"
-        )
-    retired = 0 if reuse_limit is None else int((times >= reuse_limit).sum())
-    if not retired <= snapshot.episodes_retired <= added:
-        raise CheckpointError(
-            f"checkpoint episodes_retired must be in [{retired}, {added}] for its "
-            f"table, got {snapshot.episodes_retired}"
-        )
-    try:  # on a scratch generator, so that the buffer's own stays untouched
-        torch.Generator(device=device).set_state(snapshot.rng)
-    except (RuntimeError, TypeError, ValueError) as error:
-        raise CheckpointError(
-            f"checkpoint rng must be a state of this buffer's generator, got one torch "
-            f"refuses ({str(error).splitlines()[0]})"
-        ) from None
 
 
 def construct(state: Mapping[str, Any], expected: type[_T], device: object) -> _T:
@@ -335,18 +271,24 @@ def check_header(state: object, class_name: str | None = None) -> None:
 
 # ------------------------------------------------------------------------------ files
 def write(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
-    """Write ``state`` with its checksum to ``path``, whole or not at all (see `files`)."""
-    payload = {**state, "checksum": checksum(state)}
+    """Write ``state`` with its checksum to ``path``, whole or not at all (see `files`).
+
+    Each tensor is written from its own memory (`torch.save` copies one on a device to the
+    host, one at a time): a state packed without copies adds no copy of the data.
+    """
+    payload = files.sealed(state, files.feed_values)
     files.write_atomically(path, lambda file: torch.save(payload, file))
 
 
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a checkpoint file, refusing anything that is not one or whose checksum fails.
 
-    Returns the state without its checksum.
+    Returns the state without its checksum. Its tensors are mapped from the file, not read
+    into the process's memory: pages of the file's cache until they are copied out.
     """
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        mapped = zipfile.is_zipfile(path)  # torch's legacy format (no zip) cannot be mapped
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except FileNotFoundError:
         raise
     except Exception as error:  # torch raises many types for truncated or foreign files
@@ -356,65 +298,52 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     check_header(state)
     if state["version"] >= 2:
-        if "checksum" not in state:
+        if files.CHECKSUM not in state:
             raise CheckpointError("checkpoint file must carry a checksum, got none")
         verify(state)
-    return {key: value for key, value in state.items() if key != "checksum"}
-
-
-def checksum(state: Mapping[str, Any]) -> str:
-    """SHA-256 (hex) of every entry but ``checksum``, in a canonical encoding."""
-    digest = hashlib.sha256()
-    _feed(digest, {key: value for key, value in state.items() if key != "checksum"})
-    return digest.hexdigest()
+    return {key: value for key, value in state.items() if key != files.CHECKSUM}
 
 
 def verify(state: Mapping[str, Any]) -> None:
     """Refuse ``state`` unless its ``checksum`` entry matches its contents."""
-    expected = state.get("checksum")
-    if not isinstance(expected, str) or expected != checksum(state):
+    if not files.seal_holds(state, files.feed_values):
         raise CheckpointError(
             "checkpoint checksum must match its payload, got a mismatch: the file is corrupt"
         )
 
 
-def _feed(digest: Any, value: object) -> None:
-    """Hash ``value`` with its type and structure, so equal digests mean equal states."""
-    if isinstance(value, torch.Tensor):
-        flat = value.detach().cpu().contiguous().reshape(-1)
-        digest.update(f"T{value.dtype}{tuple(value.shape)}".encode())
-        digest.update(flat.view(torch.uint8).numpy().data)
-    elif isinstance(value, Mapping):
-        digest.update(f"M{len(value)}".encode())
-        for key in sorted(value, key=repr):
-            _feed(digest, key)
-            _feed(digest, value[key])
-    elif isinstance(value, list | tuple):
-        digest.update(f"L{len(value)}".encode())
-        for item in value:
-            _feed(digest, item)
-    else:
-        digest.update(f"{type(value).__name__}:{value!r};".encode())
+def _checked_data(
+    data: object, schema: Schema, table: EpisodeTable
+) -> dict[str, list[torch.Tensor]]:
+    """Each field's stored data as its pieces in offset order, every one checked.
 
-
-def _checked_data(data: object, schema: Schema, table: EpisodeTable) -> dict[str, torch.Tensor]:
-    """Stored data with exactly the schema's fields, dtypes and ``[stored, *shape]`` shapes."""
+    The fields must be the schema's; a field is a ``[stored, *shape]`` tensor of its dtype,
+    or a list of ``[n, *shape]`` ones whose lengths add up to ``stored``.
+    """
     if not isinstance(data, Mapping) or set(data) != set(schema):
         got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
         raise CheckpointError(f"checkpoint data fields must be {sorted(schema)}, got {got}")
     stored = table.num_transitions
+    checked = {}
     for name, (shape, dtype) in schema.items():
         values = data[name]
-        if not isinstance(values, torch.Tensor) or values.dtype != dtype:
-            raise CheckpointError(
-                f"checkpoint data {name!r} must be a {dtype} tensor, got {_describe(values)}"
-            )
-        if values.layout != torch.strided or tuple(values.shape) != (stored, *shape):
+        parts = list(values) if isinstance(values, list | tuple) and values else [values]
+        for part in parts:
+            if not isinstance(part, torch.Tensor) or part.dtype != dtype:
+                raise CheckpointError(
+                    f"checkpoint data {name!r} must be a {dtype} tensor, got {_describe(part)}"
+                )
+        shapes = [tuple(part.shape) for part in parts]
+        fits = all(part.layout == torch.strided for part in parts) and all(
+            len(got) == len(shape) + 1 and got[1:] == shape for got in shapes
+        )
+        if not fits or sum(got[0] for got in shapes) != stored:
             raise CheckpointError(
                 f"checkpoint data {name!r} must have shape {(stored, *shape)}, "
-                f"got {tuple(values.shape)}"
+                f"got {' + '.join(str(got) for got in shapes)}"
             )
-    return dict(data)
+        checked[name] = parts
+    return checked
 
 
 def _checked_trees(saved: object) -> list[tuple[int, int, float | None, float]]:

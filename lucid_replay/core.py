@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from lucid_replay import checkpoint, engine
+from lucid_replay import checkpoint, engine, snapshot_checks
+from lucid_replay.allocators import Allocator
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.batching import Batcher
 from lucid_replay.engine import Array
@@ -69,6 +70,7 @@ class ReplayCore:
         *,
         segment_length: int | None = None,
         priority_unit: str = "episode",
+        allocator: Allocator,
     ) -> None:
         self.store = EpisodeStore(
             capacity,
@@ -78,6 +80,7 @@ class ReplayCore:
             segment_length=segment_length,
             priority_unit=priority_unit,
             unit=unit,
+            allocator=allocator,
         )
         self.sampler = AnchorSampler(self.store.table, unit, reuse_limit)
         self.store.on_change = self.sampler.trees.mark_dirty
@@ -355,7 +358,7 @@ class ReplayCore:
                 "checkpoint table must have segment rows exactly when segment_length is set, "
                 f"got segment rows: {snapshot.table.segmented}"
             )
-        checkpoint.check_adoptable(
+        snapshot_checks.check_adoptable(
             snapshot,
             config,
             reuse_limit=self.sampler.reuse_limit,

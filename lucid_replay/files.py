@@ -1,4 +1,4 @@
-"""Files written whole or not at all, and digests of files read in chunks.
+"""Files written whole or not at all, payloads sealed by a checksum, and digests of files.
 
 A reader of a path never sees half a file: `write_atomically` writes a temporary file beside
 the target, flushes it to the disk, renames it over the target (the commit) and then flushes
@@ -7,22 +7,32 @@ or the new one, never an empty or truncated one. Checkpoints of a buffer and the
 a sharded replay are written through it; `link_atomically` gives a second name to a file in
 one rename (a reader sees the old file or the new one), and `digest` reads a file of any size
 in constant memory.
+
+Both kinds of file also carry a ``checksum`` entry (`sealed`): the SHA-256 of every other
+entry of their payload, in a canonical encoding of its values, so that a flipped bit
+anywhere is refused on reading (`seal_holds`). A checkpoint encodes its tensors and
+containers with `feed_values`; a manifest, written as JSON, its JSON text (`feed_json`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+import torch
 
 __all__: list[str] = []  # internal module
 
 _CHUNK = 1 << 20  # bytes read at a time for a digest
+CHECKSUM = "checksum"  # the entry `sealed` adds to a payload
+Encoding = Callable[[Any, object], None]  # feeds a value into a hashlib digest
 
 
 def write_atomically(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
@@ -81,3 +91,50 @@ def digest(path: str | os.PathLike[str]) -> tuple[str, int]:
             sha.update(chunk)
             size += len(chunk)
     return sha.hexdigest(), size
+
+
+# ---------------------------------------------------------------------------- checksums
+def checksum(payload: Mapping[str, Any], encode: Encoding) -> str:
+    """SHA-256 (hex) of every entry of ``payload`` but its ``checksum``, fed by ``encode``."""
+    sha = hashlib.sha256()
+    encode(sha, {key: value for key, value in payload.items() if key != CHECKSUM})
+    return sha.hexdigest()
+
+
+def sealed(payload: Mapping[str, Any], encode: Encoding) -> dict[str, Any]:
+    """``payload`` with its ``checksum`` entry (see `checksum`)."""
+    return {**payload, CHECKSUM: checksum(payload, encode)}
+
+
+def seal_holds(payload: Mapping[str, Any], encode: Encoding) -> bool:
+    """Whether ``payload``'s ``checksum`` entry is there and matches every other entry."""
+    expected = payload.get(CHECKSUM)
+    return isinstance(expected, str) and expected == checksum(payload, encode)
+
+
+def feed_values(sha: Any, value: object) -> None:
+    """Hash ``value`` with its type and structure, so equal digests mean equal values.
+
+    Tensors (any device; one at a time on the host) by dtype, shape and bytes; mappings by
+    their keys in sorted order; lists and tuples item by item; anything else by its repr.
+    """
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        sha.update(f"T{value.dtype}{tuple(value.shape)}".encode())
+        sha.update(flat.view(torch.uint8).numpy().data)
+    elif isinstance(value, Mapping):
+        sha.update(f"M{len(value)}".encode())
+        for key in sorted(value, key=repr):
+            feed_values(sha, key)
+            feed_values(sha, value[key])
+    elif isinstance(value, list | tuple):
+        sha.update(f"L{len(value)}".encode())
+        for item in value:
+            feed_values(sha, item)
+    else:
+        sha.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def feed_json(sha: Any, value: object) -> None:
+    """Hash ``value``'s JSON text, keys sorted (what a manifest's checksum covers)."""
+    sha.update(json.dumps(value, sort_keys=True).encode())

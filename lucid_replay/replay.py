@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from lucid_replay import checkpoint, forks
+from lucid_replay.allocators import MEMORY
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch, record_positions
 from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
@@ -131,6 +132,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
             declared,
             segment_length=segment_length,
             priority_unit=priority_unit,
+            allocator=MEMORY,  # the one choice of where fields are kept (see allocators)
         )
         forks.reset_in_child(self)
 

@@ -1,21 +1,23 @@
 """The transition ring: contiguous per-field tensors over transitions, on one device.
 
 Transitions are addressed by their global *offset* (see `lucid_replay.table`); a stored
-offset lives in ring slot ``offset % capacity``. The gather's raw-memory copies, compiled,
-are beside it in `lucid_replay.ring_copies`.
+offset lives in ring slot ``offset % capacity``. Each field's storage comes from the ring's
+allocator (`lucid_replay.allocators`). The gather's raw-memory copies, compiled, are beside it
+in `lucid_replay.ring_copies`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from lucid_replay import engine, hugepages
+from lucid_replay import engine
+from lucid_replay.allocators import Allocator, allocate_fields
 from lucid_replay.engine import Array
 
 if TYPE_CHECKING:
@@ -27,13 +29,14 @@ __all__: list[str] = []  # internal module
 class TransitionRing:
     """Preallocated ``[capacity, *field_shape]`` tensors, one per field, on one device.
 
-    Allocated on the first write, when the schema is known. Costs: ``write`` is one or two
-    slice copies per field; ``gather`` is one ``index_select`` per field.
+    Allocated by ``allocator`` on the first write, when the schema is known. Costs: ``write``
+    is one or two slice copies per field; ``gather`` is one ``index_select`` per field.
     """
 
-    def __init__(self, capacity: int, device: torch.device) -> None:
+    def __init__(self, capacity: int, device: torch.device, allocator: Allocator) -> None:
         self.capacity = capacity
         self.device = device
+        self.allocator = allocator
         self.fields: dict[str, torch.Tensor] = {}
         self._host_fields: dict[str, np.ndarray] | None = None
         # Where each CPU field's memory is, and its bytes per record, for the compiled gather.
@@ -46,24 +49,9 @@ class TransitionRing:
     def allocate(self, schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
         """Create the storage tensors for ``schema`` (name -> (per-step shape, dtype)).
 
-        All or nothing: if any tensor cannot be allocated, `MemoryError` is raised and the ring
-        keeps no storage.
+        All or nothing (see `allocate_fields`): on a `MemoryError` the ring keeps no storage.
         """
-        fields = {}
-        for name, (shape, dtype) in schema.items():
-            try:
-                fields[name] = torch.empty((self.capacity, *shape), dtype=dtype, device=self.device)
-                hugepages.advise(fields[name])  # before its first write; see that module
-            except (RuntimeError, MemoryError) as error:  # torch reports OOM as RuntimeError
-                needed = sum(
-                    self.capacity * math.prod(s) * torch.empty((), dtype=d).element_size()
-                    for s, d in schema.values()
-                )
-                reason = str(error).splitlines()[0]
-                raise MemoryError(
-                    f"capacity must fit this device's memory for these fields ({needed:,} "
-                    f"bytes on {self.device}), got {self.capacity}: {reason}"
-                ) from None
+        fields = allocate_fields(self.allocator, self.capacity, schema, self.device)
         self.fields = fields
         self._views, self._splits = {}, {}
         try:  # numpy views of the same memory, for `write`
@@ -156,6 +144,28 @@ class TransitionRing:
         """Return a copy of the ``length`` transitions starting at global ``offset``."""
         positions = torch.arange(offset, offset + length, device=self.device) % self.capacity
         return self.gather(positions)
+
+    def export(self, offset: int, length: int) -> Iterator[tuple[str, list[torch.Tensor]]]:
+        """Each field's ``length`` transitions from global ``offset`` on, in order, uncopied.
+
+        A field is one piece, or two where they cross the ring's seam (up to the last slot,
+        then on from slot 0): tensors over the ring's memory whose storages are exactly their
+        bytes, which `torch.save` writes, and no others. Valid until those slots are rewritten.
+        """
+        begin = offset % self.capacity
+        first = min(length, self.capacity - begin)
+        spans = [(begin, first)] if first == length else [(begin, first), (0, length - first)]
+        for name, store in self.fields.items():
+            yield name, [_alias(store, start, count) for start, count in spans]
+
+    def fill(self, name: str, offset: int, pieces: Iterable[torch.Tensor]) -> None:
+        """Write field ``name``'s transitions from global ``offset`` on: `export`'s inverse.
+
+        Piece after piece, ``[T, ...]`` each, ``capacity`` transitions at most in all.
+        """
+        for piece in pieces:
+            self.write(offset, {name: piece})
+            offset += piece.shape[0]
 
     def gather(
         self, positions: torch.Tensor, out: Mapping[str, torch.Tensor] | None = None
@@ -387,6 +397,19 @@ def _ring_copies() -> ModuleType:
 
         _copies = ring_copies
     return _copies
+
+
+def _alias(store: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """Rows ``start .. start+count-1`` of ``store``, over a storage of exactly their bytes.
+
+    Not a slice of ``store``, which shares (and `torch.save` writes) its whole storage: a
+    slice of the storage itself, which keeps ``store``'s memory alive.
+    """
+    row = math.prod(store.shape[1:]) * store.element_size()
+    at = store.storage_offset() * store.element_size() + start * row
+    storage = store.untyped_storage()[at : at + count * row]
+    alias = torch.empty((0,), dtype=store.dtype, device=store.device)
+    return alias.set_(storage, 0, (count, *store.shape[1:]), store.stride())
 
 
 def _on_cpu(out: Mapping[str, torch.Tensor]) -> bool:

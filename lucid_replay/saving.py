@@ -1,7 +1,9 @@
 """Saving and loading a buffer: the `SequenceReplay` methods of persistence.
 
 `lucid_replay.checkpoint` holds the format; these methods take the buffer's lock and move a
-`Snapshot` between the buffer's core and that format.
+`Snapshot` between the buffer's core and that format. `state_dict` copies the stored data;
+`save` (and a shard's file, through `write`) writes them to the file straight from the ring,
+field by field, so that a save needs no second copy of them in memory.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Checkpointing:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to restore the buffer exactly (tensors on CPU)."""
         with self._lock:
-            return checkpoint.pack(self._core.snapshot(type(self).__name__, self._config()))
+            return checkpoint.pack(self._snapshot())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from `state_dict`; on any error the buffer is left unchanged.
@@ -47,15 +49,22 @@ class Checkpointing:
         """
         with self._lock:
             checkpoint.check_header(state, type(self).__name__)
-            snapshot = checkpoint.unpack(state, device=self._device, capacity=self._capacity)
+            snapshot = checkpoint.unpack(
+                state,
+                device=self._device,
+                capacity=self._capacity,
+                allocator=self._core.store.allocator,  # where this buffer keeps its fields
+            )
             self._core.restore(snapshot, self._config())
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the buffer to ``path`` atomically (a temporary file flushed to disk, a rename).
 
         The file carries a checksum of its contents: a corrupted file is refused by `load`.
+        The stored data go to the file straight from the buffer's storage, uncopied; other
+        threads' calls wait until the file is written.
         """
-        checkpoint.write(path, self.state_dict())
+        write(self, path)
 
     @classmethod
     def load(
@@ -77,6 +86,9 @@ class Checkpointing:
         buffer.load_state_dict(state)
         return buffer
 
+    def _snapshot(self) -> checkpoint.Snapshot:
+        return self._core.snapshot(type(self).__name__, self._config())
+
     def _config(self) -> dict[str, Any]:
         store = self._core.store
         declared = store.schema if store.declared else None
@@ -93,3 +105,16 @@ class Checkpointing:
                 config["priority_unit"] = store.segments.priority_unit
         priorities = self._core.priorities
         return config if priorities is None else {**config, **priorities.config()}
+
+
+def write(
+    buffer: Checkpointing, path: str | os.PathLike[str], entries: Mapping[str, Any] | None = None
+) -> None:
+    """Write ``buffer``'s checkpoint, with ``entries`` beside its state, to ``path``.
+
+    Holds the buffer's lock until the file is written: the state is packed without copies
+    (`checkpoint.pack`), so its data are the ring's memory, which no call may change meanwhile.
+    """
+    with buffer._lock:
+        state = checkpoint.pack(buffer._snapshot(), copy=False)
+        checkpoint.write(path, {**state, **(entries or {})})

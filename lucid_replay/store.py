@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lucid_replay import engine
+from lucid_replay.allocators import Allocator
 from lucid_replay.checks import as_id, as_vector
 from lucid_replay.episode import Episode, host_views
 from lucid_replay.errors import UnknownEpisodeError, must, wrong_kind
@@ -38,6 +39,9 @@ class EpisodeStore:
     ----------
     capacity, device
         Of the ring.
+    allocator
+        Where the ring's fields are kept (`lucid_replay.allocators`); a checkpoint loaded into
+        the store is kept there too.
     reuse_limit
         ``max_times_sampled``: episodes drawn this often are retired, reclaimed when oldest.
     declared
@@ -61,13 +65,15 @@ class EpisodeStore:
         segment_length: int | None = None,
         priority_unit: str = "episode",
         unit: str = "chunk",
+        allocator: Allocator,
     ) -> None:
         self.capacity = capacity
         self.reuse_limit = reuse_limit
         self.on_change: Callable[[int | torch.Tensor], None] = _ignore
         self.schema = declared
         self.declared = declared is not None  # a declared schema casts same-kind dtypes
-        self.ring = TransitionRing(capacity, device)
+        self.allocator = allocator
+        self.ring = TransitionRing(capacity, device, allocator)
         self.table = EpisodeTable(device, segmented=segment_length is not None)
         self.segments = (
             None if segment_length is None else Segments(self, segment_length, priority_unit, unit)

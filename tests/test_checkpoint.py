@@ -239,7 +239,7 @@ def test_state_dict_layout_is_pinned_key_by_key(kind):
     assert state["trees"] == [[2, 0, None, 1.0]]  # span, extra, alpha, scale of each tree
     assert (state["format"], state["version"], state["class"]) == (
         "lucid_replay.buffer",
-        2,
+        3,
         kind.__name__,
     )
     config = {
@@ -316,7 +316,8 @@ def test_declared_schema_is_saved_in_the_configuration():
 
 @pytest.mark.parametrize("kind", [SequenceReplay, PrioritizedSequenceReplay])
 def test_saved_file_is_the_state_plus_exactly_a_checksum(tmp_path, kind):
-    """A file holds the state dict's entries unchanged and one more: a SHA-256 ``checksum``."""
+    """A file holds the state dict's entries and one more, a SHA-256 ``checksum``; a field's
+    data are the state's, in the two pieces either side of the ring's seam where they cross it."""
     buffer = _source(kind)
     path = tmp_path / "buffer.pt"
     buffer.save(path)
@@ -324,6 +325,8 @@ def test_saved_file_is_the_state_plus_exactly_a_checksum(tmp_path, kind):
     state = buffer.state_dict()
     assert set(saved) == set(state) | {"checksum"}
     assert re.fullmatch(r"[0-9a-f]{64}", saved.pop("checksum"))
+    assert all(len(pieces) == 2 for pieces in saved["data"].values())  # the ring has wrapped
+    saved["data"] = {name: torch.cat(pieces) for name, pieces in saved["data"].items()}
     assert comparable(saved) == comparable(state)
 
 
@@ -370,7 +373,7 @@ def _literal_state(version: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_hand_written_state_loads_with_the_contents_it_spells_out(tmp_path, version):
     """A literal two-episode state (no checksum) loads into exactly the episodes, counters
     and configuration it names; as a version 1 file it loads too."""
@@ -433,7 +436,7 @@ def _write_bad_file(kind: str, path, good) -> None:
         path.write_bytes(data[: len(data) // 2])
     elif kind == "other-version":
         state = torch.load(good, weights_only=True)
-        state["version"] = 3
+        state["version"] = 4
         torch.save(state, path)
     else:  # pragma: no cover
         raise AssertionError(kind)
@@ -448,7 +451,7 @@ def _write_bad_file(kind: str, path, good) -> None:
         ("random-bytes", r"must be a lucid_replay checkpoint, got an unreadable file"),
         ("empty-file", r"must be a lucid_replay checkpoint, got an unreadable file"),
         ("truncated", r"must be a lucid_replay checkpoint, got an unreadable file"),
-        ("other-version", r"checkpoint version must be one of \(1, 2\), got 3"),
+        ("other-version", r"checkpoint version must be one of \(1, 2, 3\), got 4"),
     ],
 )
 def test_load_refuses_a_file_that_is_not_a_buffer(tmp_path, kind, message):
@@ -495,7 +498,7 @@ def _broken_states() -> dict[str, tuple[object, str, str | None]]:
         ),
         "other-version": (
             set_key("version", 7),
-            r"checkpoint version must be one of \(1, 2\), got 7",
+            r"checkpoint version must be one of \(1, 2, 3\), got 7",
             None,
         ),
         "other-class": (
@@ -531,7 +534,7 @@ def _broken_states() -> dict[str, tuple[object, str, str | None]]:
         "missing-format": (delete_key("format"), "got a mapping with format None", None),
         "missing-version": (
             delete_key("version"),
-            r"version must be one of \(1, 2\), got None",
+            r"version must be one of \(1, 2, 3\), got None",
             None,
         ),
         "missing-class": (delete_key("class"), "must be a SequenceReplay, got None", None),
@@ -826,11 +829,11 @@ def test_flipped_data_bit_in_a_file_is_refused(tmp_path):
 
 
 def test_file_carries_a_checksum_of_its_payload(tmp_path):
-    """A saved file is version 2 with a ``checksum`` entry; without it, it is refused."""
+    """A saved file is version 3 with a ``checksum`` entry; without it, it is refused."""
     path = tmp_path / "buffer.pt"
     _source().save(path)
     state = torch.load(path, weights_only=True)
-    assert state["version"] == 2
+    assert state["version"] == 3
     assert isinstance(state["checksum"], str) and len(state["checksum"]) == 64
     del state["checksum"]
     _write(path, state)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lucid_replay import Episode, SequenceReplay, hugepages
+from lucid_replay.allocators import MEMORY
 from lucid_replay.ring import TransitionRing
 
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -67,7 +68,7 @@ def _kernel_collapses() -> bool:
 def test_a_large_ring_field_asks_for_huge_pages_before_its_first_write() -> None:
     """A ring field spanning whole huge pages is advised (its mapping shows the hg flag);
     one smaller than a huge page is left alone."""
-    ring = TransitionRing(1 << 20, torch.device("cpu"))
+    ring = TransitionRing(1 << 20, torch.device("cpu"), MEMORY)
     ring.allocate({"obs": ((8,), torch.float32), "flag": ((), torch.bool)})
     obs = ring.fields["obs"]  # 32 MiB: whole huge pages inside
     assert "hg" in _flags_at(_huge_page_inside(obs))
@@ -97,7 +98,7 @@ def test_without_madvise_a_ring_is_allocated_and_nothing_is_advised(
 ) -> None:
     """Where the C library has no madvise, rings allocate as usual and nothing is advised."""
     monkeypatch.setattr(hugepages, "_madvise", lambda: None)
-    ring = TransitionRing(1 << 20, torch.device("cpu"))
+    ring = TransitionRing(1 << 20, torch.device("cpu"), MEMORY)
     ring.allocate({"obs": ((8,), torch.float32)})
     assert hugepages.advise(ring.fields["obs"]) is False
     assert ring.fields["obs"].shape == (1 << 20, 8)

@@ -25,6 +25,7 @@ from lucid_replay import (
     UnknownEpisodeError,
     engine,
 )
+from lucid_replay.allocators import MEMORY
 from lucid_replay.ring import TransitionRing
 from lucid_replay.table import EpisodeTable
 
@@ -406,7 +407,7 @@ def test_mutating_a_looked_up_episode_does_not_change_storage():
 )
 def test_gather_runs_equals_a_per_record_gather(capacity, size, stride, data):
     """Block reads of runs (with seam and clamp repairs) equal gathering every record's slot."""
-    ring = TransitionRing(capacity, torch.device("cpu"))
+    ring = TransitionRing(capacity, torch.device("cpu"), MEMORY)
     # "wide" records are 2 kB: runs of 2 or more are 4 kB blocks, which index_select copies
     # when torch has several threads (the kernel copies the smaller ones).
     ring.allocate(
@@ -457,7 +458,7 @@ def test_compiled_gather_refuses_an_offset_outside_the_ring(index_engine):
     instead of reading outside the ring (no caller passes one)."""
     if index_engine != "kernels":
         pytest.skip("the guard is the compiled gather's")
-    ring = TransitionRing(10, torch.device("cpu"))
+    ring = TransitionRing(10, torch.device("cpu"), MEMORY)
     ring.allocate({"x": ((3,), torch.float32)})
     table = EpisodeTable(torch.device("cpu"))
     exact = np.array([[True, False]])

@@ -1,1 +1,1 @@
-"""Tools beside the timed suite (the runner never calls them): ``profile_hot``."""
+"""Tools beside the timed suite (the runner never calls them): ``profile_hot``, ``save_memory``."""

@@ -24,7 +24,6 @@ named ``shard_<k>.lucid`` and bound nothing) still load; see `legacy_files`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from typing import Any
 import torch
 
 import lucid_replay.distributed.manifest as manifest_checks
-from lucid_replay import checkpoint, files
+from lucid_replay import checkpoint, files, saving
 from lucid_replay.distributed.calls import get
 from lucid_replay.errors import CheckpointError
 from lucid_replay.prioritized import PrioritizedSequenceReplay
@@ -68,7 +67,7 @@ def restart_path(directory: str | os.PathLike[str], index: int) -> Path:
 def save_shard(buffer: PrioritizedSequenceReplay, path: Path, meta: dict[str, Any]) -> None:
     """Write ``buffer`` with the shard's ``meta`` to ``path`` atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write(path, {**buffer.state_dict(), "shard": meta})
+    saving.write(buffer, path, {"shard": meta})
 
 
 def entry(path: Path, index: int) -> dict[str, Any]:
@@ -198,15 +197,9 @@ def _check_index(path: Path, index: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- manifest
-def _checksum(manifest: dict[str, Any]) -> str:
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
 def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
     """Write ``manifest`` (JSON, with its checksum) into ``directory``: the save's commit."""
-    payload = {"format": FORMAT, "version": VERSION, **manifest}
-    payload["checksum"] = _checksum(payload)
+    payload = files.sealed({"format": FORMAT, "version": VERSION, **manifest}, files.feed_json)
     text = json.dumps(payload, indent=1, sort_keys=True).encode("utf-8")
     files.write_atomically(Path(directory) / MANIFEST, lambda file: file.write(text))
 
@@ -238,7 +231,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(
             f"manifest version must be 1 or {VERSION}, got {manifest.get('version')!r}"
         )
-    if manifest.get("checksum") != _checksum(manifest):
+    if not files.seal_holds(manifest, files.feed_json):
         raise CheckpointError("manifest checksum must match its contents, got a mismatch")
     manifest_checks.check(manifest)
     manifest["config"] = manifest_checks.with_defaults(manifest["config"])
