@@ -15,13 +15,14 @@ path only: it needs numba.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
 import torch
 
 from lucid_replay import engine, ring_copies
+from lucid_replay.directory import INTEGER_COLUMNS as EPISODE_INTEGERS
+from lucid_replay.table import INTEGER_COLUMNS as ROW_INTEGERS
 
 __all__: list[str] = []  # internal module
 
@@ -51,7 +52,7 @@ def commit(
     dirty = np.empty(noted_most, dtype=np.int64)
     if table.num_episodes == table.row_count and not table.count_to_evict(store.capacity, length):
         table.make_room()  # every row taken and none to evict: grow, as `EpisodeTable.append`
-    # mypy counts star-unpacked tuples of columns wrongly: the loop's signature is typed.
+    # mypy counts the star-unpacked tuples wrongly: the loop's signature is typed.
     evicted, oldest, gone_count, gone_unsampled, key, new_episode, noted = commit_loop(  # type: ignore[call-arg]
         store.capacity,
         table.first_id,
@@ -66,8 +67,12 @@ def commit(
         reach,
         *store.ring.layout(),
         sources,
-        *_ROW_COLUMNS(table.arrays),
-        *_EPISODE_COLUMNS(state),
+        table.integer_arrays,
+        table.arrays["terminated"],
+        table.arrays["priority"],
+        directory.host_integers,
+        state["opened"],
+        state["priority"],
         *directory.index(),
         gone,
         dirty,
@@ -87,30 +92,32 @@ def commit(
     return int(key)
 
 
-# The columns the loop takes, in its order: a segment row's, and its episode's.
-_ROW_COLUMNS = itemgetter(
-    "episode_id",
-    "start",
-    "length",
-    "terminated",
-    "times_sampled",
-    "priority",
-    "first_step",
-    "slot",
-    "prev_key",
-    "next_key",
-    "base",
+# Rows of the int64 matrices `EpisodeTable.integers` and `EpisodeDirectory.integers`.
+_EPISODE_ID, _START, _LENGTH, _TIMES_SAMPLED, _FIRST_STEP, _SLOT, _PREV_KEY, _NEXT_KEY, _BASE = (
+    ROW_INTEGERS.index(name)
+    for name in (
+        "episode_id",
+        "start",
+        "length",
+        "times_sampled",
+        "first_step",
+        "slot",
+        "prev_key",
+        "next_key",
+        "base",
+    )
 )
-_EPISODE_COLUMNS = itemgetter(
-    "total",
-    "first_stored",
-    "priority",
-    "first_key",
-    "last_key",
-    "num_segments",
-    "episode_id",
-    "opened",
-    "times",
+_ID, _TOTAL, _FIRST_STORED, _TIMES, _FIRST_KEY, _LAST_KEY, _NUM_SEGMENTS = (
+    EPISODE_INTEGERS.index(name)
+    for name in (
+        "episode_id",
+        "total",
+        "first_stored",
+        "times",
+        "first_key",
+        "last_key",
+        "num_segments",
+    )
 )
 
 
@@ -130,26 +137,12 @@ def commit_loop(
     addresses: np.ndarray,
     row_bytes: np.ndarray,
     sources: np.ndarray,
-    episode_id: np.ndarray,
-    start: np.ndarray,
-    length: np.ndarray,
+    rows: np.ndarray,
     terminated: np.ndarray,
-    times_sampled: np.ndarray,
     priority: np.ndarray,
-    first_step: np.ndarray,
-    slot: np.ndarray,
-    prev_key: np.ndarray,
-    next_key: np.ndarray,
-    base: np.ndarray,
-    total: np.ndarray,
-    first_stored: np.ndarray,
-    episode_priority: np.ndarray,
-    first_key: np.ndarray,
-    last_key: np.ndarray,
-    num_segments: np.ndarray,
-    ids: np.ndarray,
+    episodes: np.ndarray,
     opened: np.ndarray,
-    times: np.ndarray,
+    episode_priority: np.ndarray,
     index_ids: np.ndarray,
     index_slots: np.ndarray,
     index_size: int,
@@ -172,6 +165,12 @@ def commit_loop(
     Returns ``(segments evicted, oldest offset, episodes gone, of them never drawn, the
     segment id, whether the episode is new, rows listed in dirty)``.
     """
+    episode_id, start, length = rows[_EPISODE_ID], rows[_START], rows[_LENGTH]
+    times_sampled, first_step, slot = rows[_TIMES_SAMPLED], rows[_FIRST_STEP], rows[_SLOT]
+    prev_key, next_key, base = rows[_PREV_KEY], rows[_NEXT_KEY], rows[_BASE]
+    ids, total, first_stored = episodes[_ID], episodes[_TOTAL], episodes[_FIRST_STORED]
+    times, first_key, last_key = episodes[_TIMES], episodes[_FIRST_KEY], episodes[_LAST_KEY]
+    num_segments = episodes[_NUM_SEGMENTS]
     kept, oldest = first_id, oldest_offset
     lowest_kept = next_offset + incoming - capacity
     if lowest_kept > oldest_offset:

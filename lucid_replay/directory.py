@@ -40,6 +40,9 @@ _COLUMNS = {
     "token": (torch.int64, 0),  # the stream allowed to append (see EpisodeStream)
 }
 
+# The rows of `EpisodeDirectory.integers`.
+INTEGER_COLUMNS = tuple(name for name, (dtype, _) in _COLUMNS.items() if dtype == torch.int64)
+
 
 class Owners(NamedTuple):
     """Which episode each row belongs to, and that episode's extent (`engine` arrays).
@@ -77,10 +80,18 @@ class EpisodeDirectory:
 
     # ----------------------------------------------------------------------------- layout
     def _allocate(self, slots: int) -> None:
-        old = getattr(self, "columns", None)
+        old, device = getattr(self, "columns", None), self.device
         self.slot_count = slots
+        # The int64 columns are the rows of one matrix (each a contiguous view), so that a
+        # compiled loop takes them as one argument (`integers`, rows in `INTEGER_COLUMNS`).
+        self.integers = torch.empty(
+            (len(INTEGER_COLUMNS), slots), dtype=torch.int64, device=self.device
+        )
+        integer_rows = dict(zip(INTEGER_COLUMNS, self.integers, strict=True))
         self.columns = {
-            name: torch.full((slots,), fill, dtype=dtype, device=self.device)
+            name: integer_rows[name].fill_(fill)
+            if name in integer_rows
+            else torch.full((slots,), fill, dtype=dtype, device=self.device)
             for name, (dtype, fill) in _COLUMNS.items()
         }
         if old is not None:
@@ -90,6 +101,8 @@ class EpisodeDirectory:
         self.arrays = {name: engine.view(column) for name, column in self.columns.items()}
         # Host copies for bookkeeping without device round trips (the same memory on CPU).
         self.host = {name: column.cpu().numpy() for name, column in self.columns.items()}
+        # `integers` as numpy on CPU (the same memory as `host`), for compiled bookkeeping.
+        self.host_integers = self.integers.numpy() if device.type == "cpu" else None
 
     def set(self, name: str, slot: int, value: int | float | bool) -> None:
         """Write one value of one slot (on the device and in the host copy)."""

@@ -41,6 +41,7 @@ class TransitionRing:
         self._host_fields: dict[str, np.ndarray] | None = None
         # Where each CPU field's memory is, and its bytes per record, for the compiled gather.
         self._addresses = self._row_bytes = _NO_STARTS
+        self._signed: dict[str, bool] = {}
         self._runs_scratch = np.empty((4, 0), dtype=np.int64)
         self._views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # see _run_views
         self._splits: dict[tuple[int, int, int], tuple[np.ndarray, tuple[str, ...]]] = {}
@@ -59,6 +60,8 @@ class TransitionRing:
         except TypeError:  # not on CPU, or a dtype numpy lacks
             self._host_fields = None
         self._addresses = self._row_bytes = _NO_STARTS
+        # Fields whose steps may be lazy negation or conjugation views (floating, complex).
+        self._signed = {n: t.is_floating_point() or t.is_complex() for n, t in fields.items()}
         if self.device.type == "cpu":
             self._addresses = np.array([t.data_ptr() for t in fields.values()], dtype=np.int64)
             self._row_bytes = np.array(
@@ -111,11 +114,11 @@ class TransitionRing:
         if not self._addresses.shape[0]:
             return None
         addresses = np.empty(len(self.fields), dtype=np.int64)
-        for at, name in enumerate(self.fields):
+        for at, (name, signed) in enumerate(self._signed.items()):
             values = steps[name]
             if not (values.is_cpu and values.is_contiguous()):
                 return None
-            if values.is_conj() or values.is_neg():
+            if signed and (values.is_conj() or values.is_neg()):  # only these dtypes have them
                 return None
             addresses[at] = values.data_ptr()
         return addresses

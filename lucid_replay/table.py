@@ -25,6 +25,18 @@ from lucid_replay.table_checks import checked_table_state
 __all__: list[str] = []  # internal module
 
 _INITIAL_TABLE_SLOTS = 1024
+# The rows of `EpisodeTable.integers`: a whole-episode table has the first four.
+INTEGER_COLUMNS = (
+    "episode_id",
+    "start",
+    "length",
+    "times_sampled",
+    "first_step",
+    "slot",
+    "prev_key",
+    "next_key",
+    "base",
+)
 
 
 class EpisodeTable:
@@ -106,21 +118,25 @@ class EpisodeTable:
         def column(dtype: torch.dtype, fill: float | int | bool) -> torch.Tensor:
             return torch.full((slots,), fill, dtype=dtype, device=self.device)
 
-        self.episode_id = column(torch.int64, -1)
-        self.start = column(torch.int64, 0)
-        self.length = column(torch.int64, 0)
+        # The int64 columns are the rows of one matrix (each a contiguous view), so that a
+        # compiled loop takes them as one argument (`integers`, rows in `INTEGER_COLUMNS`).
+        names = INTEGER_COLUMNS[: 9 if self.directory is not None else 4]
+        self.integers = torch.empty((len(names), slots), dtype=torch.int64, device=self.device)
+        for row, name in zip(self.integers, names, strict=True):
+            row.fill_(-1 if name in ("episode_id", "slot", "prev_key", "next_key") else 0)
+        self.episode_id, self.start, self.length, self.times_sampled = self.integers[:4]
         self.terminated = column(torch.bool, False)
-        self.times_sampled = column(torch.int64, 0)
         self.priority = column(torch.float64, 1.0)
         if self.directory is not None:
-            self.first_step = column(torch.int64, 0)  # the segment's first episode step
-            self.slot = column(torch.int64, -1)  # its episode's directory slot
-            self.prev_key = column(torch.int64, -1)  # the episode's previous segment id
-            self.next_key = column(torch.int64, -1)  # and next one (-1: none yet)
-            self.base = column(torch.int64, 0)  # start - first_step: offset of step 0
+            self.first_step = self.integers[4]  # the segment's first episode step
+            self.slot = self.integers[5]  # its episode's directory slot
+            self.prev_key = self.integers[6]  # the episode's previous segment id
+            self.next_key = self.integers[7]  # and next one (-1: none yet)
+            self.base = self.integers[8]  # start - first_step: offset of step 0
         # The columns as the index arithmetic reads them (see `engine`): numpy views
         # of the same memory on CPU, where a scalar write also costs ~0.1 us instead of ~2 us.
         self.arrays = {name: engine.view(column) for name, column in self.columns.items()}
+        self.integer_arrays = engine.view(self.integers)
         if self.device.type == "cpu":
             self.host_start, self.host_length = self.arrays["start"], self.arrays["length"]
         else:
