@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import comparable
 
-from lucid_replay import PrioritizedSequenceReplay, Window, engine
+from lucid_replay import Episode, PrioritizedSequenceReplay, Window, engine
 
 pytestmark = pytest.mark.skipif(not engine.available(), reason="needs numba (the fast extra)")
 
@@ -38,6 +38,16 @@ def _drive(name: str, seed: int, priority_unit: str, capacity: int, pieces: list
                     "action": torch.full((count,), turn),
                 }
             )
+            if rng.random() < 0.1:  # a whole episode, stored as ceil(T / L) segments
+                size = rng.randint(1, 9)
+                buffer.add(
+                    Episode(
+                        {
+                            "obs": torch.full((size,), -1.0),
+                            "action": torch.ones(size, dtype=torch.int64),
+                        }
+                    )
+                )
             if rng.random() < 0.3:
                 stream.flush()  # short segments: a commit may evict many
             if rng.random() < 0.1:
