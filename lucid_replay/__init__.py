@@ -21,6 +21,7 @@ from lucid_replay.errors import (
     SchemaError,
     UnknownEpisodeError,
 )
+from lucid_replay.laws import Prioritized, Uniform
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.replay import SequenceReplay
 from lucid_replay.returns import n_step_returns
@@ -39,6 +40,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTypeError",
     "LucidReplayError",
+    "Prioritized",
     "PrioritizedBatch",
     "PrioritizedSequenceReplay",
     "RateLimiterTimeout",
@@ -47,6 +49,7 @@ __all__ = [
     "SchemaError",
     "SequenceReplay",
     "TrajectoryAssembler",
+    "Uniform",
     "UnknownEpisodeError",
     "Window",
     "WindowBatch",

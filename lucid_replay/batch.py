@@ -83,12 +83,28 @@ class Batch:
     segment_ids
         int64 ``[B]`` on a buffer with ``segment_length``: the segment holding each chunk's
         first step; else ``None``.
+    probabilities
+        float64 ``[B]``: the probability with which each chunk was drawn (see Notes);
+        ``None`` on a batch no draw chose.
+
+    Notes
+    -----
+    ``probabilities`` are the exact ``P`` with which the selector (`Uniform`, `Prioritized`)
+    drew each anchor: the anchor's own for ``unit="chunk"``, its episode's for
+    ``unit="episode"``. `Uniform`: ``1 / N`` (``N`` eligible anchors, or eligible episodes);
+    `Prioritized`: ``p^alpha / sum p^alpha`` over them. Importance weights are
+    ``(N P)^-beta / max`` of these. Under a reuse limit (``max_times_sampled``) a draw runs in
+    rounds, and an anchor of a later round reports the probability of its round (over the
+    episodes that still had draws left); the weights compare the anchors' masses at the
+    draw's start, so they equal ``(N P)^-beta / max`` whenever the draw took one round.
+    Computed from the drawn rows' masses and the tree's total: O(B).
     """
 
     data: Mapping[str, torch.Tensor]
     episode_ids: torch.Tensor
     starts: torch.Tensor
     segment_ids: torch.Tensor | None = attrs.field(default=None, kw_only=True)
+    probabilities: torch.Tensor | None = attrs.field(default=None, kw_only=True)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.data[name]
@@ -172,6 +188,9 @@ class WindowBatch:
     segment_ids
         int64 ``[B]`` on a buffer with ``segment_length``: the segment holding each anchor
         step (where ``priority_unit="segment"`` routes priorities); else ``None``.
+    probabilities
+        float64 ``[B]``: the probability with which each anchor was drawn (as on `Batch`);
+        ``None`` for anchors given to `SequenceReplay.gather_windows`.
     """
 
     data: Mapping[str, torch.Tensor]
@@ -186,6 +205,7 @@ class WindowBatch:
     anchor_steps: torch.Tensor
     weights: torch.Tensor | None
     segment_ids: torch.Tensor | None = attrs.field(default=None, kw_only=True)
+    probabilities: torch.Tensor | None = attrs.field(default=None, kw_only=True)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.data[name]

@@ -62,17 +62,26 @@ class Batcher:
         weights: bool,
         out: _B | None = None,
         segments: str | None = None,
+        drawn: bool = True,
     ) -> _B | None:
         """The batch a draw of ``shape`` records onto ``device`` fills: ``out``, or a new one.
 
         Taken before anything else of the draw (see `new_batch`). ``None`` while there is no
         schema (nothing was ever stored: the draw refuses the empty buffer). ``segments``:
         the priority unit of a segmented buffer (its batches carry ``segment_ids``).
+        ``drawn``: the anchors are drawn (the batch carries their ``probabilities``).
         """
         if out is not None or schema is None:
             return out
         return new_batch(
-            kind, shape, schema, device, weights=weights, blocks=self.blocks, segments=segments
+            kind,
+            shape,
+            schema,
+            device,
+            weights=weights,
+            blocks=self.blocks,
+            segments=segments,
+            drawn=drawn,
         )
 
     def record_arrays(self, batch: WindowBatch, storage: torch.device) -> RecordArrays | None:
@@ -108,6 +117,7 @@ class Batcher:
             shape = (int(first.shape[0]), length)
             self._gather(ring, table, shape, batch.data, first, 1, None, None)
         _copy_segment_ids(batch, table, anchors)
+        _copy_probabilities(batch, anchors)
         _copy(batch.episode_ids, anchors.episode_ids)
         _copy(batch.starts, anchors.steps)
         if isinstance(batch, PrioritizedBatch) and anchors.weights is not None:
@@ -153,6 +163,7 @@ class Batcher:
             batch.learning_mask.copy_(per_record.learning_mask.expand(shape))  # rewritten:
             batch.step_in_sequence.copy_(per_record.record.expand(shape))  # callers edit them
         _copy_segment_ids(batch, table, anchors)
+        _copy_probabilities(batch, anchors)
         _copy(batch.episode_ids, anchors.episode_ids)
         _copy(batch.anchor_steps, anchors.steps)
         if batch.weights is not None and anchors.weights is not None:
@@ -248,7 +259,8 @@ class Batcher:
         if has_weights != weights:
             rule = "a batch with importance weights" if weights else "a batch without weights"
             raise must_have("out", f"{rule}, as this draw", "the other kind")
-        for name, (want_shape, dtype) in _specs(kind, shape, schema, weights, segments).items():
+        specs = _specs(kind, shape, schema, weights, segments, drawn=True)
+        for name, (want_shape, dtype) in specs.items():
             field = name.removeprefix("data.") if name.startswith("data.") else None
             tensor = out.data[field] if field is not None else getattr(out, name)
             if tensor is None:
@@ -267,6 +279,12 @@ def _copy(into: torch.Tensor, values: Array) -> None:
     into.copy_(engine.tensor(values), non_blocking=True)
 
 
+def _copy_probabilities(batch: Batch | WindowBatch, anchors: Anchors) -> None:
+    """The anchors' probabilities, on a batch that carries them (a drawn one)."""
+    if batch.probabilities is not None and anchors.probabilities is not None:
+        _copy(batch.probabilities, anchors.probabilities)
+
+
 def _copy_segment_ids(batch: Batch | WindowBatch, table: EpisodeTable, anchors: Anchors) -> None:
     """The anchors' segment ids (their rows' keys), on a batch that carries them."""
     if batch.segment_ids is not None:
@@ -282,6 +300,7 @@ def new_batch(
     weights: bool,
     blocks: Blocks | None = None,
     segments: str | None = None,
+    drawn: bool = True,
 ) -> _B:
     """An empty ``kind`` batch of ``shape`` records, all its tensors in one block.
 
@@ -292,7 +311,7 @@ def new_batch(
     trimming its heap around a dozen outputs and the temporaries between them (which faults
     hundreds of pages back in per call).
     """
-    layout = _block_layout(kind, shape, schema, weights, segments is not None)
+    layout = _block_layout(kind, shape, schema, weights, segments is not None, drawn)
     total, groups = layout
 
     def build(block: torch.Tensor) -> Built:
@@ -331,6 +350,7 @@ def _block_layout(
     schema: Schema,
     weights: bool,
     segments: bool = False,
+    drawn: bool = True,
 ) -> tuple[int, tuple[tuple[torch.dtype, tuple[_View, ...]], ...]]:
     """Bytes of a batch's block, and by dtype its tensors' names, shapes, strides, offsets.
 
@@ -338,7 +358,7 @@ def _block_layout(
     dtype; tensors start 64-byte aligned, so every dtype's view of the block reaches every
     tensor.
     """
-    specs = _specs(kind, shape, schema, weights, segments)
+    specs = _specs(kind, shape, schema, weights, segments, drawn=drawn)
     groups: dict[torch.dtype, list[_View]] = {}
     total = 0
     for name, (dims, dtype) in specs.items():
@@ -354,10 +374,13 @@ def _specs(
     schema: Schema,
     weights: bool,
     segments: bool = False,
+    *,
+    drawn: bool = True,
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Shape and dtype of every tensor of a ``kind`` batch of ``shape`` records.
 
-    Fields are named ``data.<field>``; the others by their attribute.
+    Fields are named ``data.<field>``; the others by their attribute. ``drawn``: the batch
+    carries its anchors' ``probabilities``.
     """
     batch_size = shape[0]
     specs = {
@@ -373,6 +396,8 @@ def _specs(
         specs["weights"] = ((batch_size,), torch.float32)
     if segments:
         specs["segment_ids"] = ((batch_size,), torch.int64)
+    if drawn:
+        specs["probabilities"] = ((batch_size,), torch.float64)
     return specs
 
 

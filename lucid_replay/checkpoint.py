@@ -45,6 +45,7 @@ import torch
 from lucid_replay import files
 from lucid_replay.allocators import Allocator
 from lucid_replay.errors import CheckpointError
+from lucid_replay.laws import selector_of_state
 from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
 from lucid_replay.table import EpisodeTable
@@ -250,6 +251,8 @@ def construct(state: Mapping[str, Any], expected: type[_T], device: object) -> _
     try:
         if config.get("schema") is not None:  # saved as plain containers
             config["schema"] = Schema.from_state(config["schema"])
+        if "selector" in config:  # saved by name
+            config["selector"] = selector_of_state(config["selector"])
         return saved(**config)
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"checkpoint configuration must be valid, got {error}") from None

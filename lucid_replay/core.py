@@ -24,7 +24,7 @@ from lucid_replay.batching import Batcher
 from lucid_replay.engine import Array
 from lucid_replay.episode import Episode
 from lucid_replay.errors import CheckpointError
-from lucid_replay.laws import Law, Prioritized, Uniform, of_flag
+from lucid_replay.laws import Law, Uniform
 from lucid_replay.priorities import Priorities
 from lucid_replay.records import Anchors
 from lucid_replay.sampling import AnchorSampler
@@ -54,8 +54,8 @@ def _extra(window: Window) -> int:
 class ReplayCore:
     """Stored episodes, the sampler over them, the random stream, and priorities (or None).
 
-    ``law`` is the buffer's selection law (`Prioritized` once `prioritize` set priorities,
-    else `Uniform`); the draws take a law each, `law_of` maps a public ``prioritized`` flag.
+    ``law`` is the buffer's selector (set by the buffer; `Uniform` until then); the draws
+    take a law each (`lucid_replay.laws.checked_flag` maps the public flags).
     Methods assume validated arguments and a held lock.
     """
 
@@ -93,9 +93,8 @@ class ReplayCore:
         self.batcher = Batcher()
 
     def prioritize(self, priorities: Priorities) -> None:
-        """Keep ``priorities``, and draw by `Prioritized` with their alpha."""
+        """Keep ``priorities`` (the buffer's ``law`` is set apart: its selector)."""
         self.priorities = priorities
-        self.law = Prioritized(priorities.alpha)
 
     # ---------------------------------------------------------------------------- adding
     def add(self, episode: Episode, schema: Schema) -> int:
@@ -113,8 +112,8 @@ class ReplayCore:
         return None if segments is None else segments.priority_unit
 
     # --------------------------------------------------------------------------- drawing
-    def draw(self, batch_size: int, window: Window, law: Law) -> Anchors:
-        """Draw anchors whose learning region fits, with importance weights if by priority."""
+    def draw(self, batch_size: int, window: Window, law: Law, weights: bool = False) -> Anchors:
+        """Draw anchors whose learning region fits, with importance weights if ``weights``."""
         span, extra = window.anchor_span, _extra(window)
         anchors = self.sampler.checked_draw(
             batch_size,
@@ -124,13 +123,13 @@ class ReplayCore:
             generator=self.generator,
             extra=extra,
         )
-        if self.priorities is not None and law.by_priority:
-            weights = self.priorities.weights(
+        if weights:
+            assert self.priorities is not None  # only a prioritized buffer's draws have them
+            drawn = self.priorities.weights(
                 law, anchors, lambda: self.probability(anchors, span, law, extra)
             )
-            anchors = Anchors(
-                anchors.rows, anchors.episode_ids, anchors.steps, anchors.priorities, weights
-            )
+            a = anchors  # the same anchors, with weights
+            anchors = Anchors(a.rows, a.episode_ids, a.steps, a.priorities, drawn, a.probabilities)
         self.chunks_sampled += batch_size
         return anchors
 
@@ -138,10 +137,6 @@ class ReplayCore:
         """float64 `Law.probability` of ``anchors`` in the tree of ``(span, law)`` now."""
         cached = self.sampler.trees.cached(span, law, extra)
         return law.probability(self.store.table, anchors.rows, cached.scale, cached.total())
-
-    def law_of(self, prioritized: bool) -> Law:
-        """The law of a public ``prioritized`` flag: the buffer's, or `Uniform` for False."""
-        return of_flag(prioritized, self.law)
 
     def log_mass(self, window: Window, law: Law) -> float:
         """``log`` of the total mass a draw of ``window`` chooses from (``-inf``: none)."""
@@ -154,10 +149,15 @@ class ReplayCore:
         target: torch.device,
         law: Law,
         out: Batch | None = None,
+        *,
+        weights: bool = False,
     ) -> Batch:
-        """Draw chunks of ``length`` steps onto ``target`` (into ``out``, if given)."""
-        kind = PrioritizedBatch if law.by_priority else Batch
-        shape, weights = (batch_size, length), kind is PrioritizedBatch
+        """Draw chunks of ``length`` steps by ``law`` onto ``target`` (into ``out``, if given).
+
+        ``weights``: a `PrioritizedBatch` with importance weights, else a `Batch`.
+        """
+        kind = PrioritizedBatch if weights else Batch
+        shape = (batch_size, length)
         out = self.batcher.reserve(
             kind,
             shape,
@@ -167,7 +167,7 @@ class ReplayCore:
             out=out,
             segments=self.priority_unit,
         )
-        anchors = self.draw(batch_size, Window(length), law)
+        anchors = self.draw(batch_size, Window(length), law, weights)
         assert out is not None  # the draw refused an empty buffer (no schema yet)
         batch = self.batcher.fill_chunks(out, self.store.ring, self.store.table, anchors, length)
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
@@ -180,10 +180,15 @@ class ReplayCore:
         target: torch.device,
         law: Law,
         out: WindowBatch | None = None,
+        *,
+        weights: bool = False,
     ) -> WindowBatch:
-        """Draw anchors by ``law`` and expand each into ``window`` onto ``target`` (or ``out``)."""
-        out = self._reserve(batch_size, window, target, law.by_priority, out)
-        anchors = self.draw(batch_size, window, law)  # sampling
+        """Draw anchors by ``law`` and expand each into ``window`` onto ``target`` (or ``out``).
+
+        ``weights``: the batch carries importance weights.
+        """
+        out = self._reserve(batch_size, window, target, weights, out)
+        anchors = self.draw(batch_size, window, law, weights)  # sampling
         batch = self.assemble(anchors, window, target, out)  # window, then batch
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
         return batch
@@ -196,8 +201,8 @@ class ReplayCore:
         out: WindowBatch | None = None,
     ) -> WindowBatch:
         """The `WindowBatch` of stored ``anchors`` expanded into ``window``, on ``target``."""
-        size = int(anchors.rows.shape[0])
-        out = self._reserve(size, window, target, anchors.weights is not None, out)
+        size, drawn = int(anchors.rows.shape[0]), anchors.probabilities is not None
+        out = self._reserve(size, window, target, anchors.weights is not None, out, drawn)
         assert out is not None  # anchors are stored steps: there is a schema
         table = self.store.table
         records = expand(table, anchors, window, into=self.batcher.record_arrays(out, table.device))
@@ -210,6 +215,7 @@ class ReplayCore:
         target: torch.device,
         weights: bool,
         out: WindowBatch | None,
+        drawn: bool = True,
     ) -> WindowBatch | None:
         shape, schema = (batch_size, window.size), self.store.schema
         return self.batcher.reserve(
@@ -220,6 +226,7 @@ class ReplayCore:
             weights=weights,
             out=out,
             segments=self.priority_unit,
+            drawn=drawn,
         )
 
     def draw_round(
@@ -252,7 +259,13 @@ class ReplayCore:
         if chunks:
             shape, schema = (drawn, window.length), self.store.schema
             out = self.batcher.reserve(
-                Batch, shape, schema, target, weights=False, segments=self.priority_unit
+                Batch,
+                shape,
+                schema,
+                target,
+                weights=False,
+                segments=self.priority_unit,
+                drawn=False,  # the coordinator's draw: no probabilities of one shard's
             )
             assert out is not None  # a positive mass means stored episodes
             store = self.store

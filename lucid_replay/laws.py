@@ -1,5 +1,9 @@
 r"""Selection laws: which eligible anchors a draw favours, as values (`Uniform`, `Prioritized`).
 
+The two laws are also the public selectors a buffer takes as ``selector=``; `checked_selector`
+resolves one for a buffer, `selector_state` and `selector_of_state` carry it in a checkpoint's
+configuration. What follows is how the sampler uses them.
+
 A law gives each table row a *mass* $m$, relative to a scale $s$ it picks when a tree is
 built. The sampler's tree for the law (`lucid_replay.trees`) has one leaf per row,
 $u_e m_e$, where $u_e$ is the row's *unit mass*: its eligible anchors for ``unit="chunk"``,
@@ -26,13 +30,15 @@ import numpy as np
 import torch
 
 from lucid_replay import engine
+from lucid_replay.checks import check_float
 from lucid_replay.engine import Array
+from lucid_replay.errors import must, wrong_type
 from lucid_replay.records import Anchors
 
 if TYPE_CHECKING:
     from lucid_replay.table import EpisodeTable
 
-__all__: list[str] = []  # internal module
+__all__ = ["Prioritized", "Uniform"]
 
 LawKey = float | None  # `Law.key`: None for `Uniform`, alpha for `Prioritized`
 
@@ -66,8 +72,13 @@ class Law(Protocol):
     def leaf_values(self, table: EpisodeTable, rows: Array, unit: Array, scale: float) -> Array:
         """The leaves ``unit * m`` of table ``rows`` whose unit masses are ``unit``."""
 
-    def probability(self, table: EpisodeTable, rows: Array, scale: float, total: float) -> Array:
-        """float64 ``P = m / total`` of anchors drawn from ``rows`` of a tree of ``total``."""
+    def probability(
+        self, table: EpisodeTable, rows: Array, scale: float, total: float | Array
+    ) -> Array:
+        """float64 ``P = m / total`` of anchors drawn from ``rows`` of a tree of ``total``.
+
+        ``total``: the tree's total, or each anchor's (a draw in rounds, `AnchorSampler`).
+        """
 
     def weights(self, anchors: Anchors, probability: Callable[[], Array], beta: float) -> Array:
         """float32 importance weights of drawn ``anchors`` (largest 1).
@@ -79,59 +90,123 @@ class Law(Protocol):
 
 @attrs.frozen
 class Uniform:
-    """Every eligible anchor (``unit="episode"``: every eligible episode) equally likely.
+    r"""Selector: every eligible anchor (``unit="episode"``: eligible episode) equally likely.
 
-    $m = 1$, so $P = 1 / N$ for the $N$ eligible anchors (episodes), and every weight is 1.
+    The law of `SequenceReplay` and of ``sample()``; pass ``selector=Uniform()`` to a
+    `PrioritizedSequenceReplay` to make its `sample_prioritized`, `sample_windows` and
+    `iterate` draw uniformly while it keeps its priorities (its batches keep their weights,
+    all 1).
+
+    Notes
+    -----
+    Each drawn anchor has probability $P = 1 / N$, ``N`` the eligible anchors (``unit="chunk"``)
+    or the eligible episodes (``unit="episode"``), as ``batch.probabilities`` reports; every
+    importance weight $(N P)^{-\beta} / \max$ is 1.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from lucid_replay import Episode, PrioritizedSequenceReplay, Window
+    >>> buffer = PrioritizedSequenceReplay(100, seed=0, selector=Uniform())
+    >>> buffer.extend(Episode({"obs": torch.zeros(n)}) for n in (3, 5))
+    [0, 1]
+    >>> batch = buffer.sample_windows(4, Window(2))  # N = 2 + 4 anchors
+    >>> batch.probabilities.unique().tolist(), batch.weights.unique().tolist()
+    ([0.16666666666666666], [1.0])
     """
 
     @property
     def key(self) -> LawKey:
+        """`Law.key`: ``None``."""
         return None
 
     @property
     def by_priority(self) -> bool:
+        """`Law.by_priority`: False."""
         return False
 
     def scale(self, table: EpisodeTable, rows: Array) -> float:
+        """`Law.scale`: 1."""
         return 1.0
 
     def masses(self, table: EpisodeTable, rows: Array, scale: float) -> Array | None:
+        """`Law.masses`: ``None`` (every mass is 1)."""
         return None
 
     def log_scale(self, scale: float) -> float:
+        """`Law.log_scale`: 0."""
         return 0.0
 
     def leaf_values(self, table: EpisodeTable, rows: Array, unit: Array, scale: float) -> Array:
+        """`Law.leaf_values`: the unit masses."""
         return unit
 
-    def probability(self, table: EpisodeTable, rows: Array, scale: float, total: float) -> Array:
-        return engine.full((int(rows.shape[0]),), 1.0 / total, torch.float64, rows)
+    def probability(
+        self, table: EpisodeTable, rows: Array, scale: float, total: float | Array
+    ) -> Array:
+        """`Law.probability`: ``1 / total``."""
+        return engine.full((int(rows.shape[0]),), 1.0, torch.float64, rows) / total
 
     def weights(self, anchors: Anchors, probability: Callable[[], Array], beta: float) -> Array:
-        return importance_weights(probability(), beta)
+        """`Law.weights`: all 1 (every anchor has the same mass)."""
+        return engine.full((int(anchors.rows.shape[0]),), 1.0, torch.float32, anchors.rows)
+
+
+def _alpha(alpha: object) -> float | None:
+    """`Prioritized`'s ``alpha``, checked: ``None`` or a finite real ``>= 0``."""
+    return None if alpha is None else check_float("alpha", alpha, minimum=0.0)
 
 
 @attrs.frozen
 class Prioritized:
-    r"""Anchors in proportion to their episode's priority to the power ``alpha``.
+    r"""Selector: anchors in proportion to their priority to the power ``alpha``.
 
-    $m_e = (p_e / s)^\alpha$ with $s$ the largest priority among the eligible rows when the
-    tree was built: $m_e \le 1$ then, so no finite priority overflows float64 or underflows
-    every mass to zero. The formulas and their paper are on
-    `lucid_replay.PrioritizedSequenceReplay`.
+    The law of `PrioritizedSequenceReplay` (its ``selector=None``); the formulas, the
+    weights and their paper are documented there.
+
+    Parameters
+    ----------
+    alpha
+        ``None`` (default): the buffer's ``alpha``. A real ``>= 0``: this exponent, which
+        then becomes the buffer's ``alpha`` (a buffer given another ``alpha`` too refuses
+        the pair): a buffer has one ``alpha``, which ``prioritized=True`` draws by as well.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``alpha`` is negative or not finite (`InvalidTypeError` if not a real number).
+
+    Notes
+    -----
+    Each drawn anchor has probability $P = p^\alpha / \sum p^\alpha$ over the eligible anchors
+    (``unit="episode"``: over the eligible episodes), as ``batch.probabilities`` reports.
+    Inside, the masses are $m_e = (p_e / s)^\alpha$, $s$ the largest priority among the
+    eligible rows when a tree was built: $m_e \le 1$ then, so no finite priority overflows
+    float64 or underflows every mass to zero, and $s$ cancels in $P$.
+
+    Examples
+    --------
+    >>> from lucid_replay import PrioritizedSequenceReplay
+    >>> PrioritizedSequenceReplay(100, selector=Prioritized(alpha=0.7)).alpha
+    0.7
+    >>> PrioritizedSequenceReplay(100, alpha=0.5, selector=Prioritized()).selector
+    Prioritized(alpha=0.5)
     """
 
-    alpha: float
+    alpha: float | None = attrs.field(default=None, converter=_alpha)
 
     @property
     def key(self) -> LawKey:
+        """`Law.key`: alpha."""
         return self.alpha
 
     @property
     def by_priority(self) -> bool:
+        """`Law.by_priority`: True."""
         return True
 
     def scale(self, table: EpisodeTable, rows: Array) -> float:
+        """`Law.scale`: the largest priority of ``rows`` (1 for none)."""
         if rows.shape[0] == 0:
             return 1.0
         return float(table.arrays["priority"][rows].max())
@@ -139,27 +214,87 @@ class Prioritized:
     def masses(self, table: EpisodeTable, rows: Array, scale: float) -> Array:
         """``(p / scale) ** alpha`` of ``rows``; an overflow to inf is no error (it rescales)."""
         with np.errstate(over="ignore"):
-            return (table.arrays["priority"][rows] / scale) ** self.alpha
+            return (table.arrays["priority"][rows] / scale) ** self._exponent
 
     def log_scale(self, scale: float) -> float:
-        return self.alpha * math.log(scale)
+        """`Law.log_scale`: ``alpha * log(scale)``."""
+        return self._exponent * math.log(scale)
 
     def leaf_values(self, table: EpisodeTable, rows: Array, unit: Array, scale: float) -> Array:
+        """`Law.leaf_values`: ``unit * (p / scale) ** alpha``, 0 where ``unit`` is 0."""
         # A row that is not drawable (unit 0) gets 0, also where its mass overflowed (0 * inf).
         with np.errstate(over="ignore", invalid="ignore"):
             leaves = unit * self.masses(table, rows, scale)
         return engine.where(unit > 0, leaves, 0.0)
 
-    def probability(self, table: EpisodeTable, rows: Array, scale: float, total: float) -> Array:
+    def probability(
+        self, table: EpisodeTable, rows: Array, scale: float, total: float | Array
+    ) -> Array:
+        """`Law.probability`: ``(p / scale) ** alpha / total``."""
         return self.masses(table, rows, scale) / total
 
     def weights(self, anchors: Anchors, probability: Callable[[], Array], beta: float) -> Array:
-        return priority_weights(anchors.priorities, self.alpha * beta)
+        """`Law.weights`: ``(p_min / p) ** (alpha beta)`` (`priority_weights`)."""
+        return priority_weights(anchors.priorities, self._exponent * beta)
+
+    @property
+    def _exponent(self) -> float:
+        assert self.alpha is not None  # a buffer's law: resolved by `checked_selector`
+        return self.alpha
 
 
 def of_flag(prioritized: bool, law: Law) -> Law:
     """The law of a public ``prioritized`` flag: ``law`` (the buffer's), `Uniform` for False."""
     return law if prioritized else Uniform()
+
+
+def checked_selector(selector: object, alpha: float | None, *, buffer: str) -> Law:
+    """The law of a ``buffer``'s ``selector=`` argument, ``alpha`` its priorities' (or None).
+
+    ``None`` is `Prioritized` at ``alpha`` on a buffer with priorities, else `Uniform`; a
+    `Prioritized` selector takes ``alpha`` unless it carries its own (equal to it: the
+    caller resolved the pair). A buffer without priorities refuses `Prioritized`.
+    """
+    if selector is None:
+        return Uniform() if alpha is None else Prioritized(alpha)
+    if not isinstance(selector, Uniform | Prioritized):
+        raise wrong_type("selector", "None, Uniform() or Prioritized()", selector)
+    if isinstance(selector, Prioritized):
+        if alpha is None:
+            rule = f"None or Uniform() on a {buffer} (it keeps no priorities)"
+            raise must("selector", rule, selector)
+        return Prioritized(alpha)
+    return selector
+
+
+def checked_flag(
+    prioritized: object, selector: Law, alpha: float | None, *, buffer: str
+) -> tuple[Law, bool]:
+    """The law of a draw's public ``prioritized`` flag, and whether its batch has weights.
+
+    ``None``: the ``buffer``'s ``selector``; False: `Uniform`; True: `Prioritized` at the
+    buffer's ``alpha`` (refused on a buffer without priorities, ``alpha`` None). A draw on a
+    buffer with priorities has weights unless it is ``prioritized=False``.
+    """
+    if prioritized is not None and not isinstance(prioritized, bool):
+        raise wrong_type("prioritized", "a bool or None", prioritized)
+    if prioritized and alpha is None:
+        raise must("prioritized", f"False or None on a {buffer}", prioritized)
+    if prioritized is None:
+        return selector, alpha is not None
+    return (Prioritized(alpha) if prioritized else Uniform()), prioritized
+
+
+def selector_state(law: Law, default: Law) -> str | None:
+    """What a checkpoint's configuration keeps of a buffer's law: ``None`` for ``default``."""
+    return None if law == default else type(law).__name__
+
+
+def selector_of_state(state: object) -> Law:
+    """The selector `selector_state` saved (a checkpoint's ``"selector"``)."""
+    if state != "Uniform":  # the only selector that is not a buffer's default
+        raise must("selector", "'Uniform' in a checkpoint's configuration", state)
+    return Uniform()
 
 
 def from_key(key: LawKey) -> Law:

@@ -10,6 +10,7 @@ import torch
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
 from lucid_replay.checks import as_vector, check_float
 from lucid_replay.errors import must
+from lucid_replay.laws import Prioritized, Uniform
 from lucid_replay.priorities import Priorities, batch_errors
 from lucid_replay.replay import SequenceReplay
 
@@ -25,6 +26,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         As `SequenceReplay`, in transitions.
     alpha
         How much prioritization is used; 0 is exactly the uniform buffer's distribution.
+        ``None`` (default): the ``selector``'s alpha if it carries one, else 0.6.
     beta
         Starting exponent of the importance-sampling correction; see `anneal_beta`.
     epsilon
@@ -32,6 +34,12 @@ class PrioritizedSequenceReplay(SequenceReplay):
         drawn.
     device, unit, seed, max_times_sampled, schema, segment_length
         As `SequenceReplay`.
+    selector
+        Which anchors `sample_prioritized`, `sample_windows` (``prioritized=None``) and
+        `iterate` draw: ``None`` (default) or `Prioritized` by priority at ``alpha``,
+        `Uniform` uniformly (batches keep their weights, all 1, and priorities are kept and
+        updated as ever). `sample` and ``prioritized=False`` draw uniformly, and
+        ``prioritized=True`` by priority, whatever it is. A checkpoint keeps it.
     priority_unit
         What a priority belongs to on a buffer with ``segment_length``: ``"episode"``
         (default; one priority per episode, shared by its segments, and `update_priorities`
@@ -43,8 +51,11 @@ class PrioritizedSequenceReplay(SequenceReplay):
     Raises
     ------
     InvalidArgumentError
-        If ``alpha`` or ``beta`` is negative, or ``epsilon`` is not positive (or for the
-        arguments `SequenceReplay` refuses).
+        If ``alpha`` or ``beta`` is negative, ``epsilon`` is not positive, ``alpha`` differs
+        from the alpha of a `Prioritized` selector that carries one (or for the arguments
+        `SequenceReplay` refuses).
+    InvalidTypeError
+        If ``selector`` is not ``None``, `Uniform` or `Prioritized`.
 
     Notes
     -----
@@ -90,7 +101,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
     def __init__(
         self,
         capacity: int = 1_000_000,
-        alpha: float = 0.6,
+        alpha: float | None = None,
         beta: float = 0.4,
         epsilon: float = 1e-6,
         *,
@@ -101,9 +112,11 @@ class PrioritizedSequenceReplay(SequenceReplay):
         schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
         segment_length: int | None = None,
         priority_unit: str = "episode",
+        selector: Uniform | Prioritized | None = None,
     ) -> None:
-        priorities = Priorities(alpha, beta, epsilon)
+        priorities = Priorities(_alpha_of(alpha, selector), beta, epsilon)
         self._asked_unit = priority_unit  # checked by SequenceReplay.__init__
+        self._alpha_asked = priorities.alpha  # the selector's (SequenceReplay.__init__)
         super().__init__(
             capacity,
             device=device,
@@ -112,6 +125,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
             max_times_sampled=max_times_sampled,
             schema=schema,
             segment_length=segment_length,
+            selector=selector,
         )
         self._core.prioritize(priorities)
 
@@ -174,7 +188,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         `PrioritizedBatch` of the same shapes to overwrite and return (as for
         `SequenceReplay.sample`). Raises as `SequenceReplay.sample`.
         """
-        batch = self._sample_chunks(batch_size, length, device, out, prioritized=True)
+        batch = self._sample_chunks(batch_size, length, device, out, prioritized=None)
         assert isinstance(batch, PrioritizedBatch)  # a prioritized draw always has weights
         return batch
 
@@ -285,3 +299,18 @@ class PrioritizedSequenceReplay(SequenceReplay):
         priority = check_float("priority", priority, minimum=0.0)
         with self._lock:
             self._priorities.raise_max(priority)
+
+
+def _alpha_of(alpha: float | None, selector: object) -> float:
+    """The buffer's alpha: ``alpha``, else a `Prioritized` selector's, else 0.6.
+
+    Both given must agree (a buffer has one alpha); ``alpha`` itself is checked by
+    `Priorities`.
+    """
+    own = selector.alpha if isinstance(selector, Prioritized) else None
+    if alpha is None:
+        return 0.6 if own is None else own
+    if own is not None and alpha != own:
+        rule = f"None or the selector's alpha ({own}) when the selector carries one"
+        raise must("alpha", rule, alpha)
+    return alpha

@@ -24,6 +24,8 @@ class Anchors:
     ``priorities`` (float64 ``[B]``) are the drawn episodes' priorities for a prioritized
     draw, from which the caller computes importance weights over the whole batch; ``None``
     for a uniform draw. ``weights`` (float32 ``[B]``) are those weights once computed.
+    ``probabilities`` (float64 ``[B]``): each anchor's probability in the draw that chose
+    it (`lucid_replay.laws.Law.probability`); ``None`` for anchors no draw chose.
     """
 
     rows: Array
@@ -31,6 +33,7 @@ class Anchors:
     steps: Array
     priorities: Array = None
     weights: Array = None
+    probabilities: Array = None
 
 
 @attrs.frozen(eq=False)

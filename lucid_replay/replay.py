@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -21,6 +21,7 @@ from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
 from lucid_replay.errors import must, wrong_type
+from lucid_replay.laws import Law, Prioritized, Uniform, checked_flag, checked_selector
 from lucid_replay.prefetch import Prefetcher, recycling
 from lucid_replay.saving import Checkpointing
 from lucid_replay.schema import Schema
@@ -66,6 +67,9 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
         be streamed (`open_episode`), be longer than ``capacity``, and lose their oldest
         segments first; windows read across segment seams. See the guide "Long and
         continuing episodes".
+    selector
+        Which anchors `sample_windows` and `iterate` draw: ``None`` or `Uniform` (the only
+        law of a buffer without priorities; `Prioritized` is refused). See `selector`.
 
     Raises
     ------
@@ -107,7 +111,9 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
         max_times_sampled: int | None = None,
         schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
         segment_length: int | None = None,
+        selector: Uniform | Prioritized | None = None,
     ) -> None:
+        law = checked_selector(selector, self._alpha_asked, buffer=type(self).__name__)
         declared = None if schema is None else Schema.declared(schema)
         self._capacity = check_int("capacity", capacity, minimum=1, maximum=2**62)
         if unit not in _UNITS:
@@ -134,7 +140,10 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
             priority_unit=priority_unit,
             allocator=MEMORY,  # the one choice of where fields are kept (see allocators)
         )
+        self._core.law = law
         forks.reset_in_child(self)
+
+    _alpha_asked: float | None = None  # the priorities' alpha (set before __init__), or None
 
     def _asked_priority_unit(self) -> object:
         """What the constructor was asked to keep priorities by (none here: episodes)."""
@@ -159,6 +168,11 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
     def unit(self) -> str:
         """``"chunk"`` or ``"episode"``: what is equally likely in a uniform draw."""
         return self._core.sampler.unit
+
+    @property
+    def selector(self) -> Uniform | Prioritized:
+        """The law `sample_windows` and `iterate` draw by (`sample`: uniform), as resolved."""
+        return cast(Uniform | Prioritized, self._core.law)
 
     @property
     def max_times_sampled(self) -> int | None:
@@ -290,26 +304,17 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
         device: torch.device | str | None,
         out: Batch | None,
         *,
-        prioritized: bool,
+        prioritized: bool | None,
     ) -> Batch:
+        """Chunks by the law of ``prioritized`` (``None``: the selector, with weights)."""
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         check_int("length", length, minimum=1, maximum=MAX_RECORDS)
         target = self._out_device(device, out)
+        law, weights = self._draw_law(prioritized)
         with self._lock:
-            if out is not None:
-                kind = PrioritizedBatch if prioritized else Batch
-                schema = self._core.store.schema
-                self._core.batcher.check_out(
-                    out,
-                    kind,
-                    (batch_size, length),
-                    schema,
-                    target,
-                    weights=prioritized,
-                    segments=self._core.priority_unit is not None,
-                )
-            law = self._core.law_of(prioritized)
-            return self._core.chunks(batch_size, length, target, law, out=out)
+            kind = PrioritizedBatch if weights else Batch
+            self._check_out(out, kind, (batch_size, length), target, weights)
+            return self._core.chunks(batch_size, length, target, law, out, weights=weights)
 
     def sample_windows(
         self,
@@ -322,31 +327,22 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
     ) -> WindowBatch:
         """Draw ``batch_size`` anchors and expand each into a `Window` of records.
 
-        Anchors are eligible as `Window` describes; they are drawn uniformly (``unit`` as for
-        `sample`) or, on a `PrioritizedSequenceReplay`, by priority. ``prioritized=None`` means
-        prioritized exactly on a `PrioritizedSequenceReplay`. With ``Window(length)`` the draw
-        equals ``sample(batch_size, length)`` (or ``sample_prioritized``) draw for draw.
-        Cost O(B log E + B W). ``out``: a `WindowBatch` of the same shapes to overwrite and
-        return instead of allocating one (as for `sample`).
+        Anchors are eligible as `Window` describes. ``prioritized=None`` draws them by the
+        buffer's `selector` (with importance weights on a `PrioritizedSequenceReplay`),
+        ``False`` uniformly (``unit`` as for `sample`; no weights), ``True`` by priority (a
+        `PrioritizedSequenceReplay` only). With ``Window(length)`` the draw equals
+        ``sample(batch_size, length)`` (or ``sample_prioritized``) draw for draw; the batch's
+        ``probabilities`` are the drawn anchors' (see `Batch`). Cost O(B log E + B W).
+        ``out``: a `WindowBatch` of the same shapes to overwrite and return instead of
+        allocating one (as for `sample`).
         """
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         self._check_window(window)
-        use_priorities = self._use_priorities(prioritized)
+        law, use_priorities = self._draw_law(prioritized)
         target = self._out_device(device, out)
         with self._lock:
-            if out is not None:
-                shape, schema = (batch_size, window.size), self._core.store.schema
-                self._core.batcher.check_out(
-                    out,
-                    WindowBatch,
-                    shape,
-                    schema,
-                    target,
-                    weights=use_priorities,
-                    segments=self._core.priority_unit is not None,
-                )
-            law = self._core.law_of(use_priorities)
-            return self._core.windows(batch_size, window, target, law, out=out)
+            self._check_out(out, WindowBatch, (batch_size, window.size), target, use_priorities)
+            return self._core.windows(batch_size, window, target, law, out, weights=use_priorities)
 
     def gather_windows(
         self,
@@ -357,6 +353,8 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
         device: torch.device | str | None = None,
     ) -> WindowBatch:
         """Expand given anchors (any stored step) into windows; not counted by the reuse limit.
+
+        No draw chose them: the batch's ``probabilities`` (and ``weights``) are ``None``.
 
         Raises
         ------
@@ -385,16 +383,19 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
     def _check_window(self, window: object) -> None:
         check_window(window, segmented=self._core.store.segments is not None)
 
-    def _use_priorities(self, prioritized: object) -> bool:
-        """``sample_windows``' ``prioritized``: ``None`` means "if this buffer has them"."""
-        has_priorities = self._core.priorities is not None
-        if prioritized is None:
-            return has_priorities
-        if not isinstance(prioritized, bool):
-            raise wrong_type("prioritized", "a bool or None", prioritized)
-        if prioritized and not has_priorities:
-            raise must("prioritized", f"False or None on a {type(self).__name__}", prioritized)
-        return prioritized
+    def _check_out(
+        self, out: object, kind: type, shape: tuple[int, int], target: torch.device, weights: bool
+    ) -> None:
+        """Refuse an ``out`` (if given) that cannot receive the draw (`Batcher.check_out`)."""
+        if out is not None:
+            schema, segmented = self._core.store.schema, self._core.priority_unit is not None
+            batcher = self._core.batcher
+            batcher.check_out(out, kind, shape, schema, target, weights=weights, segments=segmented)
+
+    def _draw_law(self, prioritized: object) -> tuple[Law, bool]:
+        """The law of a draw's ``prioritized`` and whether it has weights (`checked_flag`)."""
+        law, alpha = self._core.law, self._alpha_asked
+        return checked_flag(prioritized, law, alpha, buffer=type(self).__name__)
 
     def _batch_device(self, device: object) -> torch.device:
         return self._device if device is None else check_device("device", device)

@@ -106,8 +106,14 @@ class AnchorSampler:
         law: Law,
         generator: torch.Generator,
     ) -> Anchors:
-        """`draw` from ``cached``, the up-to-date tree for ``(span, extra, law)``."""
+        """`draw` from ``cached``, the up-to-date tree for ``(span, extra, law)``.
+
+        The anchors carry their probabilities: ``m / Z`` of their rows' masses ``m`` and
+        the total ``Z`` of the tree they were drawn from (of their round, under a reuse
+        limit), O(B).
+        """
         column, owners = self.table.arrays, self.table.owners()
+        total: float | Array = cached.array[1]  # the tree's total (no host synchronisation)
         if self.reuse_limit is None and engine.compiled(cached.array):  # one compiled call
             rows, steps, ids, drawn = draw_loop(
                 cached.array,
@@ -119,15 +125,19 @@ class AnchorSampler:
                 column["priority"] if law.by_priority else UNIFORM_TREE,
                 *owners,
             )
-            return Anchors(rows, ids, steps, drawn if law.by_priority else None)
+            chances = law.probability(self.table, rows, cached.scale, total)
+            return Anchors(rows, ids, steps, drawn if law.by_priority else None, None, chances)
         if self.reuse_limit is None:
             rows, steps = self._draw_rows(cached, batch_size, need, generator)
             _count_draws(owners.times, owners.slot[rows])
         else:
-            drawn_rows, drawn_steps = self._draw_within_limit(cached, batch_size, need, generator)
+            drawn_rows, drawn_steps, totals = self._draw_within_limit(
+                cached, batch_size, need, generator
+            )
             self._count_draws_within_limit(drawn_rows)
-            rows, steps = engine.view(drawn_rows), engine.view(drawn_steps)
-        return self._anchors(rows, steps, law)
+            rows, steps, total = (engine.view(t) for t in (drawn_rows, drawn_steps, totals))
+        chances = law.probability(self.table, rows, cached.scale, total)
+        return self._anchors(rows, steps, law, chances)
 
     def _owner_ids(self) -> Array:
         """Episode ids by directory slot (by row for whole episodes)."""
@@ -168,10 +178,10 @@ class AnchorSampler:
         self._count_draws_within_limit(rows)
         return self._anchors(engine.view(rows), engine.view(steps), law), keep.cpu()
 
-    def _anchors(self, rows: Array, steps: Array, law: Law) -> Anchors:
+    def _anchors(self, rows: Array, steps: Array, law: Law, chances: Array = None) -> Anchors:
         owners = self.table.owners()
         drawn = self.table.arrays["priority"][rows] if law.by_priority else None
-        return Anchors(rows, self._owner_ids()[owners.slot[rows]], steps, drawn)
+        return Anchors(rows, self._owner_ids()[owners.slot[rows]], steps, drawn, None, chances)
 
     def _count_draws_within_limit(self, rows: torch.Tensor) -> None:
         """Count the draws of ``rows``' episodes; those reaching the limit retire (leaf 0)."""
@@ -223,25 +233,28 @@ class AnchorSampler:
         batch_size: int,
         need: tuple[int, int],
         generator: torch.Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Draw in rounds that never exceed an episode's remaining allowance.
 
         Each round keeps every episode's first draws up to its allowance, gives the episodes
         that used it up zero mass in ``tree`` and redraws the rest, so each redraw comes from
         the renormalised remaining mass, as sequential draws would. Every round but the last
-        exhausts at least one episode.
+        exhausts at least one episode. Returns the rows, the steps and the tree's total of
+        the round that drew each (float64).
         """
         assert self.reuse_limit is not None
         saved_state = generator.get_state()
         device = self.table.device
         rows = torch.empty(0, dtype=torch.int64, device=device)
         steps = torch.empty(0, dtype=torch.int64, device=device)
+        totals = torch.empty(0, dtype=torch.float64, device=device)
         exhausted: list[torch.Tensor] = []
         owners = self.table.owners()
         slot_of, times = engine.tensor(owners.slot), engine.tensor(owners.times)
         try:
             while rows.numel() < batch_size:
-                if cached.total() <= 0:
+                total = cached.total()
+                if total <= 0:
                     generator.set_state(saved_state)
                     raise self.reuse_limit_error(need[0], batch_size, need[1])
                 drawn = self._draw_rows(cached, batch_size - rows.numel(), need, generator)
@@ -253,6 +266,8 @@ class AnchorSampler:
                 keep = (rank < allowance)[rows.numel() :]
                 rows = torch.cat([rows, new_rows[keep]])
                 steps = torch.cat([steps, new_steps[keep]])
+                drawn_at = torch.full_like(new_steps, total, dtype=torch.float64)
+                totals = torch.cat([totals, drawn_at[keep]])
                 used_up = torch.unique(slots[rank + 1 == allowance])
                 if self.table.segmented:
                     used_up = engine.tensor(self.table.segment_rows(used_up))
@@ -262,7 +277,7 @@ class AnchorSampler:
         finally:
             for used_up in exhausted:  # temporary zeros; leaves are recomputed from the table
                 self.trees.mark_dirty(used_up)
-        return rows, steps
+        return rows, steps, totals
 
     def draws_left(self, span: int, extra: int = 0) -> int | None:
         """Draws the reuse limit still allows to episodes with an eligible anchor (O(E)).

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from lucid_replay import checkpoint
+from lucid_replay.laws import checked_selector, selector_state
 
 if TYPE_CHECKING:
     from lucid_replay.core import ReplayCore
@@ -104,6 +105,10 @@ class Checkpointing:
             if self._core.priorities is not None:
                 config["priority_unit"] = store.segments.priority_unit
         priorities = self._core.priorities
+        alpha = None if priorities is None else priorities.alpha
+        selector = selector_state(self._core.law, checked_selector(None, alpha, buffer=""))
+        if selector is not None:  # configurations of default selectors stay as they were
+            config["selector"] = selector
         return config if priorities is None else {**config, **priorities.config()}
 
 

@@ -10,7 +10,6 @@ the ring's seam, and moving to the previous or next stored episode is just ``off
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -21,6 +20,7 @@ from lucid_replay.directory import EpisodeDirectory, Owners
 from lucid_replay.engine import Array
 from lucid_replay.segment_checks import SEGMENT_COLUMNS, checked_directory
 from lucid_replay.table_checks import checked_table_state
+from lucid_replay.table_loops import _assign_priorities, assign_priorities_loop, first_unissued_loop
 
 __all__: list[str] = []  # internal module
 
@@ -444,62 +444,3 @@ class EpisodeTable:
             low = torch.where(starts_here, middle, low)
             high = torch.where(starts_here, high, middle - 1)
         return low, offsets - self.start[low & mask]
-
-
-@engine.jit
-def first_unissued_loop(ids: np.ndarray, next_id: int) -> int:
-    """`EpisodeTable.first_unissued`, compiled."""
-    for i in range(ids.shape[0]):
-        if ids[i] < 0 or ids[i] >= next_id:
-            return i
-    return -1
-
-
-def _assign_priorities(
-    priority: Array, ids: Array, values: Array, first_id: int, next_id: int, row_count: int
-) -> tuple[Array, int, float]:
-    """`EpisodeTable.assign_priorities` on arrays (what `assign_priorities_loop` computes)."""
-    stored = (ids >= first_id) & (ids < next_id)
-    if not bool(stored.all()):
-        ids, values = ids[stored], values[stored]
-    if ids.shape[0] == 0:
-        return ids, 0, -math.inf
-    rows = ids & (row_count - 1)
-    engine.assign_max(priority, rows, values)
-    return rows, engine.count_distinct(rows), float(values.max())
-
-
-@engine.jit
-def assign_priorities_loop(
-    priority: np.ndarray,
-    ids: np.ndarray,
-    values: np.ndarray,
-    first_id: int,
-    next_id: int,
-    row_count: int,
-) -> tuple[np.ndarray, int, float]:
-    """`EpisodeTable.assign_priorities`, compiled: ``priority[row of id] = value``.
-
-    A repeated id takes the largest of its values; ids outside ``[first_id, next_id)`` are
-    skipped. Returns the rows set (one per stored id, in order), how many distinct rows
-    that is, and the largest value set (``-inf`` if none).
-    """
-    rows = np.empty(ids.shape[0], dtype=np.int64)
-    kept, row_mask = 0, row_count - 1
-    for i in range(ids.shape[0]):
-        if first_id <= ids[i] < next_id:
-            rows[kept] = ids[i] & row_mask
-            priority[rows[kept]] = -1.0  # priorities are positive: marks a row not set yet
-            kept += 1
-    distinct, largest, j = 0, -np.inf, 0
-    for i in range(ids.shape[0]):
-        if first_id <= ids[i] < next_id:
-            row, value = rows[j], values[i]
-            j += 1
-            if priority[row] < 0:
-                distinct += 1
-                priority[row] = value
-            elif value > priority[row]:
-                priority[row] = value
-            largest = max(largest, value)
-    return rows[:kept], distinct, largest

@@ -258,7 +258,8 @@ class Trees:
         else:  # an episode's rows share its unit mass in proportion to their anchors
             in_episode = episode_anchors(owners, slots, span, extra)
             with np.errstate(divide="ignore", invalid="ignore"):
-                mass = engine.where(count > 0, count / (in_episode + (in_episode == 0)), 0.0)
+                share = engine.cast(count, torch.float64) / (in_episode + (in_episode == 0))
+                mass = engine.where(count > 0, share, 0.0)  # float64 (torch divides in float32)
         return mass * live
 
 

@@ -156,7 +156,7 @@ def test_draws_by_law_are_the_draws_before_laws():
     with a fixed seed, those of the code that threaded a ``prioritized`` flag instead."""
     buffer = _buffer()
     core = buffer._core
-    drawn = core.draw(8, WINDOW, Prioritized(0.7))
+    drawn = core.draw(8, WINDOW, Prioritized(0.7), weights=True)
     ids, steps = engine.tensor(drawn.episode_ids).tolist(), engine.tensor(drawn.steps).tolist()
     assert (ids, steps, engine.tensor(drawn.weights).tolist()) == PRIORITIZED_WINDOWS
     drawn = core.draw(8, WINDOW, Uniform())
