@@ -155,12 +155,18 @@ def pack(snapshot: Snapshot, *, copy: bool = True) -> dict[str, Any]:
 
 
 def unpack(
-    state: Mapping[str, Any], *, device: torch.device, capacity: int, allocator: Allocator
+    state: Mapping[str, Any],
+    *,
+    device: torch.device,
+    capacity: int,
+    allocator: Allocator,
+    in_place: bool = False,
 ) -> Snapshot:
     """A `Snapshot` of ``state`` on ``device``, every structural invariant checked.
 
     Its ring's storage comes from ``allocator`` (the loading buffer's); the data are copied
-    into it one field at a time.
+    into it one field at a time. ``in_place``: the state has no data, ``allocator`` maps the
+    storage that already holds them (a synced ``storage="memmap"`` directory).
 
     What depends on the buffer loading it (configuration, counters against the table, the
     RNG against its generator, priorities) is checked by the buffer.
@@ -194,6 +200,10 @@ def unpack(
     if schema is None:
         if table.num_transitions or state["data"]:
             raise CheckpointError("checkpoint schema must describe its stored data, got none")
+    elif in_place:
+        if state["data"]:
+            raise CheckpointError("checkpoint data must be in the directory's files, got data")
+        ring.allocate(schema)
     elif table.num_transitions:
         data = _checked_data(state["data"], schema, table)
         ring.allocate(schema)
@@ -231,11 +241,17 @@ def unpack(
     )
 
 
-def construct(state: Mapping[str, Any], expected: type[_T], device: object) -> _T:
+def construct(
+    state: Mapping[str, Any],
+    expected: type[_T],
+    device: object,
+    overrides: Mapping[str, Any] | None = None,
+) -> _T:
     """A fresh buffer of the class and configuration ``state`` was saved with.
 
     ``expected`` is the class ``load`` was called on: the saved class must derive from it.
-    ``device`` (if not ``None``) replaces the saved storage device.
+    ``device`` (if not ``None``) replaces the saved storage device; ``overrides`` are
+    constructor arguments a checkpoint does not keep (where the storage is).
     """
     saved = saved_class(state)
     if not issubclass(saved, expected):
@@ -245,7 +261,7 @@ def construct(state: Mapping[str, Any], expected: type[_T], device: object) -> _
     config = state.get("config")  # a version-1 header may come without one
     if not isinstance(config, Mapping):
         raise CheckpointError(f"checkpoint configuration must be a mapping, got {config!r}")
-    config = dict(config)
+    config = {**config, **(overrides or {})}
     if device is not None:
         config["device"] = device
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +33,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
     epsilon
         Added to every ``|error|`` so that an episode whose error reached zero can still be
         drawn.
-    device, unit, seed, max_times_sampled, schema, segment_length
+    device, unit, seed, max_times_sampled, schema, segment_length, storage, directory
         As `SequenceReplay`.
     selector
         Which anchors `sample_prioritized`, `sample_windows` (``prioritized=None``) and
@@ -113,6 +114,8 @@ class PrioritizedSequenceReplay(SequenceReplay):
         segment_length: int | None = None,
         priority_unit: str = "episode",
         selector: Uniform | Prioritized | None = None,
+        storage: str = "memory",
+        directory: str | os.PathLike[str] | None = None,
     ) -> None:
         priorities = Priorities(_alpha_of(alpha, selector), beta, epsilon)
         self._asked_unit = priority_unit  # checked by SequenceReplay.__init__
@@ -126,6 +129,8 @@ class PrioritizedSequenceReplay(SequenceReplay):
             schema=schema,
             segment_length=segment_length,
             selector=selector,
+            storage=storage,
+            directory=directory,
         )
         self._core.prioritize(priorities)
 

@@ -8,6 +8,7 @@ and `Priorities` holds the prioritization state of a `PrioritizedSequenceReplay`
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -22,7 +23,9 @@ from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
 from lucid_replay.errors import must, wrong_type
 from lucid_replay.laws import Law, Prioritized, Uniform, checked_flag, checked_selector
+from lucid_replay.mapped_files import checked_storage
 from lucid_replay.prefetch import Prefetcher, recycling
+from lucid_replay.reporting import Reporting
 from lucid_replay.saving import Checkpointing
 from lucid_replay.schema import Schema
 from lucid_replay.segments import checked_segmenting
@@ -36,7 +39,7 @@ _MAX_BATCH = 2**31 - 1
 _MAX_PREFETCH = 2**16
 
 
-class SequenceReplay(EpisodeStreams, Checkpointing):
+class SequenceReplay(EpisodeStreams, Checkpointing, Reporting):
     """A replay buffer of whole episodes that samples fixed-length chunks uniformly.
 
     Parameters
@@ -70,6 +73,11 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
     selector
         Which anchors `sample_windows` and `iterate` draw: ``None`` or `Uniform` (the only
         law of a buffer without priorities; `Prioritized` is refused). See `selector`.
+    storage, directory
+        ``"memory"`` (default, ``directory=None``): fields in the device's memory.
+        ``"memmap"`` (CPU only): each field in a file under ``directory`` (a new or empty
+        directory, created if needed), mapped into memory, so ``capacity`` may exceed RAM;
+        `sync` makes the directory a checkpoint and `open` reopens it.
 
     Raises
     ------
@@ -112,6 +120,8 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
         schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
         segment_length: int | None = None,
         selector: Uniform | Prioritized | None = None,
+        storage: str = "memory",
+        directory: str | os.PathLike[str] | None = None,
     ) -> None:
         law = checked_selector(selector, self._alpha_asked, buffer=type(self).__name__)
         declared = None if schema is None else Schema.declared(schema)
@@ -128,6 +138,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
             max_times_sampled = check_int("max_times_sampled", max_times_sampled, minimum=1)
         self._device = check_device("device", device)
         generator = make_generator(seed, self._device)
+        files = checked_storage(storage, directory, self._device)  # claims: the last check
         self._lock = threading.RLock()
         self._core = ReplayCore(
             self._capacity,
@@ -138,7 +149,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
             declared,
             segment_length=segment_length,
             priority_unit=priority_unit,
-            allocator=MEMORY,  # the one choice of where fields are kept (see allocators)
+            allocator=MEMORY if files is None else files,  # where fields are kept
         )
         self._core.law = law
         forks.reset_in_child(self)
@@ -455,25 +466,6 @@ class SequenceReplay(EpisodeStreams, Checkpointing):
             return self.sample_windows(batch_size, window, device=target, out=out)
 
         return Prefetcher(recycling(draw, prefetch + 2) if recycle else draw, prefetch)
-
-    # ------------------------------------------------------------------------- reporting
-    def stats(self) -> dict[str, int]:
-        """Counters since construction: adds, evictions, retirements, draws."""
-        with self._lock:
-            return self._core.stats()
-
-    def memory_usage(self) -> dict[str, int]:
-        """Bytes the buffer holds: its data, and the metadata beyond it.
-
-        ``data_bytes`` is the ring (``capacity`` steps of every field), ``table_bytes`` the
-        episode table and ``tree_bytes`` the cached sum trees: per episode row, nothing per
-        transition.
-        """
-        with self._lock:
-            return {
-                **self._core.store.memory(),
-                "tree_bytes": self._core.sampler.trees.tree_bytes(),
-            }
 
     def reseed(self, seed: int | torch.Generator | None = None) -> None:
         """Restart the random stream: from ``seed`` (as the constructor's), or the OS.

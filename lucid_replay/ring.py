@@ -9,7 +9,7 @@ in `lucid_replay.ring_copies`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,9 @@ class TransitionRing:
         self._views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # see _run_views
         self._splits: dict[tuple[int, int, int], tuple[np.ndarray, tuple[str, ...]]] = {}
         self._scratch: dict[str, torch.Tensor] = {}
+        # A file-backed allocator is told the end of each write before it happens (see
+        # `lucid_replay.mapped_files`); memory has nothing to record.
+        self._written: Callable[[int], None] | None = getattr(allocator, "written", None)
 
     def allocate(self, schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
         """Create the storage tensors for ``schema`` (name -> (per-step shape, dtype)).
@@ -85,6 +88,8 @@ class TransitionRing:
             host_steps = engine.host_views(steps)
         begin = offset % self.capacity
         length = next(iter(steps.values())).shape[0]
+        if self._written is not None:
+            self._written(offset + length)
         first = min(length, self.capacity - begin)  # the rest wraps across the seam
         stores: Mapping[str, Array]
         sources: Mapping[str, Array]
@@ -111,8 +116,8 @@ class TransitionRing:
         None unless every field is C-contiguous CPU memory holding its values as they read
         (a lazy conjugate or negation view does not): a raw copy must not reinterpret them.
         """
-        if not self._addresses.shape[0]:
-            return None
+        if not self._addresses.shape[0] or self._written is not None:
+            return None  # a compiled write would not report its end (see `write`)
         addresses = np.empty(len(self.fields), dtype=np.int64)
         for at, (name, signed) in enumerate(self._signed.items()):
             values = steps[name]

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from lucid_replay import checkpoint
+from lucid_replay import checkpoint, mapped_files
+from lucid_replay.errors import CheckpointError, must
 from lucid_replay.laws import checked_selector, selector_state
 
 if TYPE_CHECKING:
@@ -85,6 +86,72 @@ class Checkpointing:
         state = checkpoint.read(path)
         buffer = checkpoint.construct(state, cls, device)
         buffer.load_state_dict(state)
+        return buffer
+
+    def sync(self) -> None:
+        """Make the buffer's ``directory`` a checkpoint of it now (``storage="memmap"`` only).
+
+        Flushes the mapped fields to their files and writes everything else (the episode
+        table, counters, the random stream, priorities) beside them, atomically: O(table)
+        time, no data copied. `open` returns the buffer as of the last ``sync``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            On a buffer with ``storage="memory"`` (use `save`).
+        """
+        with self._lock:
+            allocator = self._core.store.allocator
+            if not isinstance(allocator, mapped_files.FileBacked):
+                raise must("storage", "'memmap' to sync (else call save)", "memory")
+            state = checkpoint.pack(self._snapshot(), copy=False)
+            state["data"] = {}  # the files hold them
+            mapped_files.sync_state(allocator, state, self._core.store.table.oldest_offset)
+
+    @classmethod
+    def open(cls: type[_ReplayT], directory: str | os.PathLike[str]) -> _ReplayT:
+        """The buffer synced in ``directory`` (`sync`), with its storage still in those files.
+
+        Returns the class that was synced, exactly as of the last `sync` (its draws
+        included): steps added after it are gone, and the ids issued after it may be issued
+        again. The one exception is a synced step that a later add overwrote in its file
+        (an add into a full buffer reuses the oldest slots): the synced episodes (segments)
+        holding such steps are evicted, oldest first, as capacity would have evicted them.
+        The buffer goes on using the directory.
+
+        Raises
+        ------
+        CheckpointError
+            When ``directory`` holds no synced buffer, or a corrupt or inconsistent one.
+        """
+        state, allocator, guarded = mapped_files.read_state(directory)
+        saved, mapped = state.get("schema") or {}, allocator.names_to_map()
+        if not isinstance(saved, Mapping) or (mapped and set(saved) != set(mapped)):
+            raise CheckpointError(
+                f"checkpoint field files must be the schema's fields {sorted(saved)}, got "
+                f"{sorted(mapped)}"
+            )
+        overrides = {"storage": "memmap", "directory": allocator.directory}
+        with mapped_files.reopening(allocator):
+            buffer = checkpoint.construct(state, cls, None, overrides)
+        with buffer._lock:
+            core = buffer._core
+            snapshot = checkpoint.unpack(
+                state,
+                device=buffer._device,
+                capacity=buffer._capacity,
+                allocator=allocator,
+                in_place=True,
+            )
+            if snapshot.table.num_transitions and not mapped:
+                raise CheckpointError("checkpoint field files must hold its steps, got none")
+            core.restore(snapshot, buffer._config())
+            store, table = core.store, core.store.table
+            allocator.guard_from = table.oldest_offset + allocator.capacity
+            lost_below = guarded - buffer._capacity  # steps the files no longer hold
+            if lost_below > table.oldest_offset:
+                store.evict(table.count_to_evict(buffer._capacity, guarded - table.next_offset))
+                store.reclaim_retired()
         return buffer
 
     def _snapshot(self) -> checkpoint.Snapshot:
