@@ -21,6 +21,7 @@ from lucid_replay.errors import (
     SchemaError,
     UnknownEpisodeError,
 )
+from lucid_replay.fields import Field
 from lucid_replay.laws import Prioritized, Uniform
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.replay import SequenceReplay
@@ -37,6 +38,7 @@ __all__ = [
     "EpisodeStream",
     "EpisodeWriter",
     "EpisodesNotStoredError",
+    "Field",
     "InvalidArgumentError",
     "InvalidTypeError",
     "LucidReplayError",

@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-from lucid_replay import engine
+from lucid_replay import engine, stacks
 from lucid_replay.batch import PER_RECORD, Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.batch_memory import Blocks, Built
 from lucid_replay.engine import Array
@@ -115,7 +115,10 @@ class Batcher:
         else:
             first = table.offsets(anchors.rows, anchors.steps)
             shape = (int(first.shape[0]), length)
-            self._gather(ring, table, shape, batch.data, first, 1, None, None)
+            stepped = None
+            if ring.stacks:  # a stack needs each record's step
+                stepped = stacks.chunk_records(anchors.rows, anchors.steps, length)
+            self._gather(ring, table, shape, batch.data, first, 1, None, None, None, stepped)
         _copy_segment_ids(batch, table, anchors)
         _copy_probabilities(batch, anchors)
         _copy(batch.episode_ids, anchors.episode_ids)
@@ -181,32 +184,38 @@ class Batcher:
         records: tuple[Array, Array] | None,
         exact: Array | None,
         runs: tuple[Array, Array, int] | None = None,
+        stepped: tuple[Array, Array] | None = None,
     ) -> None:
         """The ring's records (see `TransitionRing.gather_runs`) into ``out``, on its device.
 
         With CPU storage and a CUDA target the records are gathered into pinned host memory,
         kept between calls of the same shape, and copied with ``non_blocking=True``, so the
-        copy overlaps whatever the learner's stream is doing.
+        copy overlaps whatever the learner's stream is doing. Stacked fields are gathered as
+        stacks (`lucid_replay.stacks`) from each record's row and step: ``stepped``, or
+        ``records``.
         """
         device = next(iter(out.values())).device
-        size = shape[1]
-        if ring.device == device:
-            ring.gather_runs(table, first_offsets, size, stride, records, exact, out, runs)
-        elif ring.device.type == "cpu" and device.type == "cuda":
-            pinned = self._staging(ring, shape)
-            gathered = ring.gather_runs(
-                table, first_offsets, size, stride, records, exact, pinned, runs
+        steps = records if stepped is None else stepped
+
+        def gather(into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+            return stacks.gather(
+                ring, table, shape, stride, first_offsets, records, exact, into, runs, steps
             )
-            for name, values in gathered.items():
+
+        if ring.device == device:
+            gather(out)
+        elif ring.device.type == "cpu" and device.type == "cuda":
+            for name, values in gather(self._staging(out, shape)).items():
                 out[name].copy_(values, non_blocking=True)
             self._note_copies(device)
         else:
-            gathered = ring.gather_runs(table, first_offsets, size, stride, records, exact)
-            for name, values in gathered.items():
+            for name, values in gather(None).items():
                 out[name].copy_(values)
 
-    def _staging(self, ring: TransitionRing, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
-        """Pinned host tensors ``[*shape, *field_shape]`` to gather into before a copy.
+    def _staging(
+        self, out: Mapping[str, torch.Tensor], shape: tuple[int, int]
+    ) -> dict[str, torch.Tensor]:
+        """Pinned host tensors shaped as the batch tensors ``out`` to gather into before a copy.
 
         Kept for the next call of this shape, which waits until the copy out of them has
         finished.
@@ -214,8 +223,8 @@ class Batcher:
         buffers = self._pinned.get(shape)
         if buffers is None:
             buffers = {
-                name: torch.empty((*shape, *store.shape[1:]), dtype=store.dtype, pin_memory=True)
-                for name, store in ring.fields.items()
+                name: torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=True)
+                for name, t in out.items()
             }
             self._pinned = {shape: buffers}  # one batch shape at a time is what loops use
         event = self._copied.pop(shape, None)
@@ -383,9 +392,9 @@ def _specs(
     carries its anchors' ``probabilities``.
     """
     batch_size = shape[0]
-    specs = {
+    specs = {  # a stacked field's records hold [frames, *field_shape]
         f"data.{name}": ((*shape, *field_shape), dtype)
-        for name, (field_shape, dtype) in schema.items()
+        for name, (field_shape, dtype) in schema.gathered.items()
     }
     if kind is WindowBatch:
         specs.update({name: (shape, dtype) for name, dtype in PER_RECORD.items()})

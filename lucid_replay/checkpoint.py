@@ -226,6 +226,7 @@ def unpack(
     config = state["config"]
     if not isinstance(config, Mapping):
         raise CheckpointError(f"checkpoint configuration must be a mapping, got {config!r}")
+    _check_declared(schema, config.get("schema"))
     return Snapshot(
         class_name=str(state["class"]),
         config=dict(config),
@@ -239,6 +240,26 @@ def unpack(
         extra=dict(extra),
         trees=_checked_trees(state.get("trees", [])),
     )
+
+
+def _check_declared(schema: Schema | None, declared: Any) -> None:
+    """Refuse stored data whose schema is not the declared one (frame stacks included).
+
+    Only a declared schema has stacked fields: a buffer stores under its declared schema.
+    """
+    try:
+        wanted = None if declared is None else Schema.from_state(declared)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint configuration must be valid, got {error}") from None
+    if wanted is None and schema is not None and schema.stacks:
+        raise CheckpointError(
+            f"checkpoint schema must have no stacked fields without a declared schema, got "
+            f"{sorted(schema.stacks)}"
+        )
+    if wanted is not None and schema is not None and wanted != schema:
+        raise CheckpointError(
+            f"checkpoint schema must be the declared schema {wanted!r}, got {schema!r}"
+        )
 
 
 def construct(

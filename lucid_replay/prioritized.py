@@ -11,6 +11,7 @@ import torch
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
 from lucid_replay.checks import as_vector, check_float
 from lucid_replay.errors import must
+from lucid_replay.fields import Field
 from lucid_replay.laws import Prioritized, Uniform
 from lucid_replay.priorities import Priorities, batch_errors
 from lucid_replay.replay import SequenceReplay
@@ -110,7 +111,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         unit: str = "chunk",
         seed: int | torch.Generator | None = None,
         max_times_sampled: int | None = None,
-        schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+        schema: Mapping[str, tuple[tuple[int, ...], torch.dtype] | Field] | None = None,
         segment_length: int | None = None,
         priority_unit: str = "episode",
         selector: Uniform | Prioritized | None = None,

@@ -22,6 +22,7 @@ from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
 from lucid_replay.errors import must, wrong_type
+from lucid_replay.fields import Field
 from lucid_replay.laws import Law, Prioritized, Uniform, checked_flag, checked_selector
 from lucid_replay.mapped_files import checked_storage
 from lucid_replay.prefetch import Prefetcher, recycling
@@ -60,10 +61,10 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting):
         Reuse limit: an episode is drawn at most this many times in total (also within one
         batch), then *retired*: never drawn again, and reclaimed as soon as it is the oldest.
     schema
-        Field name -> ``(per-step shape tuple, torch dtype)``, fixed now instead of by the
-        first episode (and returned by `schema` before any add). `add` then casts each field
-        to its declared dtype where numpy's ``same_kind`` rule allows it (float64 rewards to
-        float32, integers to floats) and refuses the rest (floats to integers).
+        Field name -> ``(per-step shape tuple, torch dtype)`` or a `Field` (frame stacks),
+        fixed now instead of by the first episode (returned by `schema` before any add). `add`
+        then casts each field to its declared dtype where numpy's ``same_kind`` rule allows it
+        (float64 rewards to float32, integers to floats) and refuses the rest (floats to ints).
     segment_length
         ``None`` (default): episodes are stored whole. An int ``L`` (``1 <= L <= capacity``):
         episodes are stored, committed and evicted in segments of ``L`` steps, so they can
@@ -117,7 +118,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting):
         unit: str = "chunk",
         seed: int | torch.Generator | None = None,
         max_times_sampled: int | None = None,
-        schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+        schema: Mapping[str, tuple[tuple[int, ...], torch.dtype] | Field] | None = None,
         segment_length: int | None = None,
         selector: Uniform | Prioritized | None = None,
         storage: str = "memory",

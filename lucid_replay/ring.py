@@ -49,15 +49,37 @@ class TransitionRing:
         # A file-backed allocator is told the end of each write before it happens (see
         # `lucid_replay.mapped_files`); memory has nothing to record.
         self._written: Callable[[int], None] | None = getattr(allocator, "written", None)
+        # Fields gathered as frame stacks (name -> frames, pad; `lucid_replay.stacks`), and
+        # rings over some of the fields' memory, for their gathers (see `part`).
+        self.stacks: Mapping[str, tuple[int, str]] = {}
+        self._parts: dict[tuple[str, ...], TransitionRing] = {}
 
     def allocate(self, schema: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
         """Create the storage tensors for ``schema`` (name -> (per-step shape, dtype)).
 
         All or nothing (see `allocate_fields`): on a `MemoryError` the ring keeps no storage.
+        A `Schema`'s stacked fields are kept in `stacks`.
         """
         fields = allocate_fields(self.allocator, self.capacity, schema, self.device)
+        self.stacks = dict(getattr(schema, "stacks", {}))
+        self._adopt(fields)
+
+    def part(self, names: tuple[str, ...]) -> TransitionRing:
+        """A ring over fields ``names`` of this one (the same memory), for their own gathers.
+
+        Kept: built once per set of names, until the next `allocate`.
+        """
+        part = self._parts.get(names)
+        if part is None:
+            part = TransitionRing(self.capacity, self.device, self.allocator)
+            part._adopt({name: self.fields[name] for name in names})
+            self._parts[names] = part
+        return part
+
+    def _adopt(self, fields: dict[str, torch.Tensor]) -> None:
+        """Take ``fields`` (``[capacity, ...]`` tensors) as this ring's storage."""
         self.fields = fields
-        self._views, self._splits = {}, {}
+        self._views, self._splits, self._parts = {}, {}, {}
         try:  # numpy views of the same memory, for `write`
             self._host_fields = {name: store.numpy() for name, store in fields.items()}
         except TypeError:  # not on CPU, or a dtype numpy lacks

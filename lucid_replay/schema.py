@@ -16,6 +16,7 @@ import torch
 
 from lucid_replay.batch import PER_RECORD
 from lucid_replay.errors import (
+    InvalidArgumentError,
     SchemaDtypeError,
     SchemaError,
     must,
@@ -23,10 +24,12 @@ from lucid_replay.errors import (
     wrong_kind,
     wrong_type,
 )
+from lucid_replay.fields import Field
 
 __all__: list[str] = []  # internal module
 
 FieldSpec = tuple[tuple[int, ...], torch.dtype]
+Stack = tuple[int, str]  # a stacked field's frames per record and padding (see `Field`)
 
 # Dtypes that every storage path handles: slice and indexed copies, gathers (also strided,
 # across the ring's seam), equality, `torch.save`, on CPU and CUDA.
@@ -107,14 +110,20 @@ def _extremes(values: torch.Tensor) -> tuple[int, int]:
 class Schema(Mapping[str, FieldSpec]):
     """Field name -> ``(per-step shape, dtype)``; immutable, compares equal to a plain dict.
 
-    Field order does not matter: two schemas with the same entries are equal.
+    Field order does not matter: two schemas with the same entries are equal. ``stacks``:
+    name -> ``(frames, pad)`` of the fields a gathered batch reads as frame stacks (`Field`
+    with ``stack > 1``); the mapping itself always says what one step stores.
     """
 
-    __slots__ = ("_fields", "_hash")
+    __slots__ = ("_fields", "_gathered", "_hash", "_stacks")
 
-    def __init__(self, fields: Mapping[str, FieldSpec]) -> None:
+    def __init__(
+        self, fields: Mapping[str, FieldSpec], stacks: Mapping[str, Stack] | None = None
+    ) -> None:
         self._fields = {name: (tuple(shape), dtype) for name, (shape, dtype) in fields.items()}
+        self._stacks = dict(stacks or {})
         self._hash: int | None = None  # computed once: every draw looks up its batch layout
+        self._gathered: Schema | None = None if self._stacks else self
 
     @classmethod
     def of(cls, steps: Mapping[str, torch.Tensor]) -> Schema:
@@ -123,7 +132,7 @@ class Schema(Mapping[str, FieldSpec]):
 
     @classmethod
     def declared(cls, fields: Any) -> Schema:
-        """A schema written by a user: name -> ``(shape, dtype)`` with a sequence shape.
+        """A schema written by a user: name -> ``(shape, dtype)`` with a sequence shape, or `Field`.
 
         Raises
         ------
@@ -132,27 +141,61 @@ class Schema(Mapping[str, FieldSpec]):
         SchemaError, SchemaDtypeError
             If a name is reserved or a dtype cannot be stored (see `check_storable`).
         """
+        if isinstance(fields, Schema) and fields:  # a checkpoint's (see `from_state`)
+            fields.check_storable()
+            return fields
         if not isinstance(fields, Mapping) or not fields:
             raise wrong_type("schema", "a non-empty mapping of name -> (shape, dtype)", fields)
         parsed: dict[str, FieldSpec] = {}
+        stacks: dict[str, Stack] = {}
         for name, spec in fields.items():
             if not isinstance(name, str):
                 raise wrong_type("schema names", "str", name)
+            if isinstance(spec, Field):  # checked by itself
+                parsed[name] = (spec.shape, spec.dtype)
+                if spec.stack > 1:
+                    stacks[name] = (spec.stack, spec.stack_pad)
+                continue
             try:
                 shape, dtype = spec
                 dims = tuple(shape)
             except (TypeError, ValueError):
                 raise wrong_type(
-                    f"schema[{name!r}]", "a (shape tuple, torch dtype) pair", spec
+                    f"schema[{name!r}]", "a (shape tuple, torch dtype) pair or a Field", spec
                 ) from None
             if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in dims):
                 raise must(f"schema[{name!r}] shape", "a tuple of ints >= 0", shape)
             if not isinstance(dtype, torch.dtype):
                 raise wrong_type(f"schema[{name!r}] dtype", "a torch.dtype", dtype)
             parsed[name] = (dims, dtype)
-        schema = cls(parsed)
+        schema = cls(parsed, stacks)
         schema.check_storable()
         return schema
+
+    @property
+    def stacks(self) -> Mapping[str, Stack]:
+        """Name -> ``(frames, pad)`` of the stacked fields (empty: none), read only."""
+        return self._stacks
+
+    @property
+    def gathered(self) -> Schema:
+        """The per-record layout of a gathered batch: ``[frames, *shape]`` for stacked fields."""
+        if self._gathered is None:
+            self._gathered = Schema(
+                {
+                    name: ((self._stacks[name][0], *shape), dtype)
+                    if name in self._stacks
+                    else (shape, dtype)
+                    for name, (shape, dtype) in self._fields.items()
+                }
+            )
+        return self._gathered
+
+    def field(self, name: str) -> Field:
+        """Field ``name`` as a `Field` (its stack included)."""
+        shape, dtype = self._fields[name]
+        stack, pad = self._stacks.get(name, (1, "same"))
+        return Field(shape, dtype, stack=stack, stack_pad=pad)
 
     # ------------------------------------------------------------------------ Mapping
     def __getitem__(self, name: str) -> FieldSpec:
@@ -172,21 +215,32 @@ class Schema(Mapping[str, FieldSpec]):
         # `add` compares every episode's schema with the buffer's: a dict comparison, not
         # Mapping's generic one (which builds two dicts).
         if isinstance(other, Schema):
-            return self._fields == other._fields
-        return isinstance(other, Mapping) and self._fields == dict(other.items())
+            return self._fields == other._fields and self._stacks == other._stacks
+        if not isinstance(other, Mapping):
+            return False
+        if not self._stacks and not any(isinstance(v, Field) for v in other.values()):
+            return self._fields == dict(other.items())
+        try:
+            return self == Schema.declared(other)
+        except (TypeError, ValueError):
+            return False
 
     def __hash__(self) -> int:
         if self._hash is None:
-            self._hash = hash(frozenset(self._fields.items()))
+            self._hash = hash((frozenset(self._fields.items()), frozenset(self._stacks.items())))
         return self._hash
 
-    def __reduce__(self) -> tuple[type[Schema], tuple[dict[str, FieldSpec]]]:
+    def __reduce__(
+        self,
+    ) -> tuple[type[Schema], tuple[dict[str, FieldSpec], dict[str, Stack]]]:
         # The fields only: a hash computed in another process (salted string hashes) is
         # wrong in this one.
-        return Schema, (self._fields,)
+        return Schema, (self._fields, self._stacks)
 
     def __repr__(self) -> str:
-        return repr(self._fields)  # reads as the plain mapping it compares equal to
+        if not self._stacks:
+            return repr(self._fields)  # reads as the plain mapping it compares equal to
+        return repr({n: self.field(n) if n in self._stacks else s for n, s in self.items()})
 
     # ------------------------------------------------------------------------- checks
     def check_storable(self) -> None:
@@ -287,8 +341,17 @@ class Schema(Mapping[str, FieldSpec]):
 
     # ------------------------------------------------------------------- checkpoints
     def to_state(self) -> dict[str, list[Any]]:
-        """Plain containers for a checkpoint: name -> ``[shape list, dtype name]``."""
-        return {name: [list(shape), str(dtype)] for name, (shape, dtype) in self.items()}
+        """Plain containers for a checkpoint: name -> ``[shape list, dtype name]``.
+
+        A stacked field's entry has a third item, `Field.to_state`'s dict.
+        """
+        state: dict[str, list[Any]] = {}
+        for name, (shape, dtype) in self.items():
+            entry: list[Any] = [list(shape), str(dtype)]
+            if name in self._stacks:
+                entry.append(self.field(name).to_state())
+            state[name] = entry
+        return state
 
     @classmethod
     def from_state(cls, state: Any) -> Schema:
@@ -296,10 +359,15 @@ class Schema(Mapping[str, FieldSpec]):
         if not isinstance(state, Mapping):
             raise wrong_kind("schema", "a mapping", type(state).__name__)
         fields: dict[str, FieldSpec] = {}
+        stacks: dict[str, Stack] = {}
         for name, entry in state.items():
-            if not isinstance(name, str) or not isinstance(entry, list | tuple) or len(entry) != 2:
-                raise must(f"schema[{name!r}]", "a [shape, dtype] pair", entry)
-            shape, dtype_name = entry
+            if (
+                not isinstance(name, str)
+                or not isinstance(entry, list | tuple)
+                or len(entry) not in (2, 3)
+            ):
+                raise must(f"schema[{name!r}]", "a [shape, dtype] pair (and a field dict)", entry)
+            shape, dtype_name = entry[:2]
             if not isinstance(shape, list | tuple) or any(
                 isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in shape
             ):
@@ -310,6 +378,24 @@ class Schema(Mapping[str, FieldSpec]):
                     f"schema[{name!r}] dtype", "a storable torch dtype", repr(dtype_name)
                 )
             fields[name] = (tuple(shape), dtype)
-        schema = cls(fields)
+            if len(entry) == 3:
+                stack = _stack_of(name, (tuple(shape), dtype), entry[2])
+                if stack is not None:
+                    stacks[name] = stack
+        schema = cls(fields, stacks)
         schema.check_storable()
         return schema
+
+
+def _stack_of(name: str, spec: FieldSpec, options: Any) -> Stack | None:
+    """A checkpoint's field dict (`Field.to_state`) checked by `Field`; None for no stack."""
+    keys = ("stack", "stack_pad", "codec")
+    if not isinstance(options, Mapping) or set(options) != set(keys):
+        raise must(f"schema[{name!r}] field", f"a dict of {list(keys)}", options)
+    try:
+        field = Field(*spec, **{key: options[key] for key in keys})
+    except (InvalidArgumentError, TypeError) as error:
+        raise must_have(
+            f"schema[{name!r}] field", "a valid Field", f"{options!r} ({error})"
+        ) from None
+    return (field.stack, field.stack_pad) if field.stack > 1 else None

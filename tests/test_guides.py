@@ -31,7 +31,9 @@ def _expected_output(block: str) -> list[str]:
     return expected
 
 
-@pytest.mark.parametrize("guide", ["recurrent-q-learning.md", "long-and-continuing-episodes.md"])
+@pytest.mark.parametrize(
+    "guide", ["recurrent-q-learning.md", "long-and-continuing-episodes.md", "pixels.md"]
+)
 def test_guide_blocks_run_in_order_and_print_what_they_state(guide):
     """Every code block of the guide runs after the previous ones; printed lines match the
     comments beside the prints."""
