@@ -197,6 +197,8 @@ class EpisodeStream(PendingSteps):
             matching = _matching(steps, store.schema, store.capacity)
             if matching is not None:  # tensors as stored: no conversion, no copy
                 pieces, total = matching
+                assert store.schema is not None  # `_matching` compared them with it
+                store.fix_schema(store.schema)  # a declared schema's first steps
                 return self._take(core, segments, slot, pieces, None, total)
             episode = _as_steps(steps)
             if len(episode) > store.capacity:

@@ -239,3 +239,14 @@ def test_num_eligible_is_what_a_loop_waits_on():
             break
         buffer.add(make_episode(int(length)))
     assert buffer.sample_windows(4, window).batch_size == 4
+
+
+@pytest.mark.parametrize("as_stored", [True, False])
+def test_a_stream_stores_the_first_steps_of_a_declared_schema(as_stored: bool) -> None:
+    """Steps streamed before any add allocate the declared storage (as stored or cast)."""
+    buffer = SequenceReplay(50, schema={"obs": ((2,), torch.float32)}, segment_length=4)
+    stream = buffer.open_episode()
+    steps = torch.arange(12.0).view(6, 2)
+    stream.append({"obs": steps if as_stored else steps.double()})
+    stream.close(terminated=True)
+    assert torch.equal(buffer[0]["obs"], steps)
