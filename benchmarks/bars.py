@@ -146,6 +146,24 @@ BARS = (
         fmt="{:.2f}x",
         versus="the whole-episode buffer",
     ),
+    BarSpec(
+        name="prioritized sample_windows without replacement vs with replacement",
+        numerator="selection.without",
+        denominator="selection.with",
+        limit=1.5,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus="with replacement",
+    ),
+    BarSpec(
+        name="one batch of an epoch vs a uniform sample_windows",
+        numerator="selection.epoch",
+        denominator="selection.uniform",
+        limit=1.5,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus="uniform sample_windows",
+    ),
 )
 # Comparisons shown beside the bars, with no requirement.
 BESIDE = (
@@ -241,6 +259,8 @@ _OWN_BASELINE = {
     "segments.gather": ("segments.gather.whole", "x whole-episode buffer"),
     "segments.gather.adjacent": ("segments.gather.whole", "x whole-episode buffer"),
     "segments.uniform": ("segments.uniform.whole", "x whole-episode buffer"),
+    "selection.without": ("selection.with", "x with replacement"),
+    "selection.epoch": ("selection.uniform", "x uniform sample_windows"),
 }
 
 

@@ -30,6 +30,7 @@ _GROUPS = (
     ("Sampling (reference configuration)", ("main",)),
     ("add", ("add",)),
     ("Streamed segments", ("segments",)),
+    ("Selection policies", ("selection",)),
     ("Scaling: stored transitions", ("scale_transitions",)),
     ("Scaling: stored episodes", ("scale_episodes",)),
     ("Storage on a GPU", ("device",)),

@@ -31,6 +31,7 @@ from benchmarks import (
     results_file,
     scaling,
     segment_rows,
+    selection_rows,
     torchrl_rows,
 )
 from benchmarks.bars import evaluate
@@ -49,6 +50,7 @@ GROUPS = (
     "add",
     "memory",
     "segments",
+    "selection",
     "scale.T",
     "scale.E",
     "device",
@@ -190,6 +192,9 @@ def measure_pass(args: argparse.Namespace) -> Pass:
     if only("segments"):
         log("streamed segments: windows across seams, append, an endless stream's memory")
         rows += segment_rows.segment_rows(config, dataset, only)
+    if only("selection"):
+        log("selection policies: draws without replacement, epochs")
+        rows += selection_rows.selection_rows(config, dataset, only)
     if only("scale.T"):
         log("scaling over transitions")
         rows += scaling.transition_rows(config, dataset, only)

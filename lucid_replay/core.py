@@ -13,6 +13,7 @@ Shards of a distributed replay draw through `draw_round`, which runs the same st
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from lucid_replay.sampling import AnchorSampler
 from lucid_replay.schema import Schema
 from lucid_replay.store import EpisodeStore
 from lucid_replay.window import Window, expand
+from lucid_replay.without_replacement import draw_distinct
 
 __all__: list[str] = []  # internal module
 
@@ -90,6 +92,7 @@ class ReplayCore:
         self.priorities: Priorities | None = None
         self.law: Law = Uniform()
         self.chunks_sampled = 0
+        self.epoch_skipped = 0  # anchors epochs skipped (evicted); not in checkpoints
         self.batcher = Batcher()
 
     def prioritize(self, priorities: Priorities) -> None:
@@ -112,10 +115,19 @@ class ReplayCore:
         return None if segments is None else segments.priority_unit
 
     # --------------------------------------------------------------------------- drawing
-    def draw(self, batch_size: int, window: Window, law: Law, weights: bool = False) -> Anchors:
-        """Draw anchors whose learning region fits, with importance weights if ``weights``."""
+    def draw(
+        self,
+        batch_size: int,
+        window: Window,
+        law: Law,
+        weights: bool = False,
+        replacement: bool = True,
+    ) -> Anchors:
+        """Draw fitting anchors (distinct unless ``replacement``), weighted if ``weights``."""
         span, extra = window.anchor_span, _extra(window)
-        anchors = self.sampler.checked_draw(
+        sampler = self.sampler
+        drawing = sampler.checked_draw if replacement else partial(draw_distinct, sampler)
+        anchors = drawing(
             batch_size,
             span,
             what=_SpanName(window),
@@ -149,12 +161,13 @@ class ReplayCore:
         target: torch.device,
         law: Law,
         out: Batch | None = None,
-        *,
         weights: bool = False,
+        replacement: bool = True,
     ) -> Batch:
         """Draw chunks of ``length`` steps by ``law`` onto ``target`` (into ``out``, if given).
 
-        ``weights``: a `PrioritizedBatch` with importance weights, else a `Batch`.
+        ``weights``: a `PrioritizedBatch` with importance weights, else a `Batch`;
+        ``replacement``: see `draw`.
         """
         kind = PrioritizedBatch if weights else Batch
         shape = (batch_size, length)
@@ -167,7 +180,7 @@ class ReplayCore:
             out=out,
             segments=self.priority_unit,
         )
-        anchors = self.draw(batch_size, Window(length), law, weights)
+        anchors = self.draw(batch_size, Window(length), law, weights, replacement)
         assert out is not None  # the draw refused an empty buffer (no schema yet)
         batch = self.batcher.fill_chunks(out, self.store.ring, self.store.table, anchors, length)
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
@@ -182,13 +195,14 @@ class ReplayCore:
         out: WindowBatch | None = None,
         *,
         weights: bool = False,
+        replacement: bool = True,
     ) -> WindowBatch:
         """Draw anchors by ``law`` and expand each into ``window`` onto ``target`` (or ``out``).
 
-        ``weights``: the batch carries importance weights.
+        ``weights``: the batch carries importance weights. ``replacement``: see `draw`.
         """
         out = self._reserve(batch_size, window, target, weights, out)
-        anchors = self.draw(batch_size, window, law, weights)  # sampling
+        anchors = self.draw(batch_size, window, law, weights, replacement)  # sampling
         batch = self.assemble(anchors, window, target, out)  # window, then batch
         self.store.reclaim_retired()  # only once the batch no longer needs their rows
         return batch
@@ -338,6 +352,7 @@ class ReplayCore:
         return {
             **store.counts,
             "chunks_sampled": self.chunks_sampled,
+            "epoch_skipped": self.epoch_skipped,
             "episodes_evicted_unsampled": int(store.evicted_unsampled),
             "episodes_retired": int(self.sampler.episodes_retired),
             "episodes_stored": store.table.num_episodes,

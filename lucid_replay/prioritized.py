@@ -186,15 +186,19 @@ class PrioritizedSequenceReplay(SequenceReplay):
         *,
         device: torch.device | str | None = None,
         out: PrioritizedBatch | None = None,
+        replacement: bool = True,
     ) -> PrioritizedBatch:
         """Draw ``batch_size`` chunks of ``length`` steps by priority, with IS weights.
 
         Returns a `PrioritizedBatch`: the chunks, ``indices`` (the episode ids, int64 ``[B]``)
         and ``weights`` (float32 ``[B]``, largest 1). O(B log E + B length). ``out``: a
         `PrioritizedBatch` of the same shapes to overwrite and return (as for
-        `SequenceReplay.sample`). Raises as `SequenceReplay.sample`.
+        `SequenceReplay.sample`). Raises as `SequenceReplay.sample`. ``replacement=False``:
+        no chunk (``unit="episode"``: no episode) twice, as `SequenceReplay.sample_windows`.
         """
-        batch = self._sample_chunks(batch_size, length, device, out, prioritized=None)
+        batch = self._sample_chunks(
+            batch_size, length, device, out, prioritized=None, replacement=replacement
+        )
         assert isinstance(batch, PrioritizedBatch)  # a prioritized draw always has weights
         return batch
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -21,26 +21,26 @@ from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch, record_posi
 from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must, wrong_type
+from lucid_replay.errors import must
 from lucid_replay.fields import Field
+from lucid_replay.iterators import Iterators
 from lucid_replay.laws import Law, Prioritized, Uniform, checked_flag, checked_selector
 from lucid_replay.mapped_files import checked_storage
-from lucid_replay.prefetch import Prefetcher, recycling
 from lucid_replay.reporting import Reporting
 from lucid_replay.saving import Checkpointing
 from lucid_replay.schema import Schema
 from lucid_replay.segments import checked_segmenting
 from lucid_replay.streams import EpisodeStreams
 from lucid_replay.window import MAX_RECORDS, Window, check_window
+from lucid_replay.without_replacement import checked_replacement
 
 __all__ = ["SequenceReplay"]
 
 _UNITS = ("chunk", "episode")
 _MAX_BATCH = 2**31 - 1
-_MAX_PREFETCH = 2**16
 
 
-class SequenceReplay(EpisodeStreams, Checkpointing, Reporting):
+class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
     """A replay buffer of whole episodes that samples fixed-length chunks uniformly.
 
     Parameters
@@ -317,16 +317,18 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting):
         out: Batch | None,
         *,
         prioritized: bool | None,
+        replacement: object = True,
     ) -> Batch:
         """Chunks by the law of ``prioritized`` (``None``: the selector, with weights)."""
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         check_int("length", length, minimum=1, maximum=MAX_RECORDS)
-        target = self._out_device(device, out)
+        target, replacement = self._out_device(device, out), checked_replacement(replacement)
         law, weights = self._draw_law(prioritized)
         with self._lock:
             kind = PrioritizedBatch if weights else Batch
             self._check_out(out, kind, (batch_size, length), target, weights)
-            return self._core.chunks(batch_size, length, target, law, out, weights=weights)
+            core = self._core
+            return core.chunks(batch_size, length, target, law, out, weights, replacement)
 
     def sample_windows(
         self,
@@ -336,6 +338,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting):
         prioritized: bool | None = None,
         device: torch.device | str | None = None,
         out: WindowBatch | None = None,
+        replacement: bool = True,
     ) -> WindowBatch:
         """Draw ``batch_size`` anchors and expand each into a `Window` of records.
 
@@ -347,14 +350,30 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting):
         ``probabilities`` are the drawn anchors' (see `Batch`). Cost O(B log E + B W).
         ``out``: a `WindowBatch` of the same shapes to overwrite and return instead of
         allocating one (as for `sample`).
+
+        ``replacement=False``: no anchor (``unit="episode"``: no episode) twice in the
+        batch, by successive sampling (each draw by the law renormalised over the anchors
+        not drawn yet); ``probabilities`` (and weights) are each anchor's unconditional
+        probability under the law. A reuse limit still applies. A ``batch_size`` beyond the
+        eligible anchors (episodes) is refused, nothing drawn. See the concepts page
+        "Epochs and draws without replacement".
         """
         check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
         self._check_window(window)
         law, use_priorities = self._draw_law(prioritized)
-        target = self._out_device(device, out)
+        target, replacement = self._out_device(device, out), checked_replacement(replacement)
         with self._lock:
             self._check_out(out, WindowBatch, (batch_size, window.size), target, use_priorities)
-            return self._core.windows(batch_size, window, target, law, out, weights=use_priorities)
+            core = self._core
+            return core.windows(
+                batch_size,
+                window,
+                target,
+                law,
+                out,
+                weights=use_priorities,
+                replacement=replacement,
+            )
 
     def gather_windows(
         self,
@@ -430,43 +449,6 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting):
         ids, steps, mask = record_positions(batch)
         with self._lock:
             return self._core.store.write_records(name, ids, steps, mask, values)
-
-    # ---------------------------------------------------------------------- prefetching
-    def iterate(
-        self,
-        batch_size: int,
-        window: Window,
-        *,
-        prefetch: int = 2,
-        device: torch.device | str | None = None,
-        recycle: bool = False,
-    ) -> Iterator[WindowBatch]:
-        """Yield `sample_windows` batches prepared by a background thread, endlessly.
-
-        Up to ``prefetch`` batches wait ready; each was drawn with the priorities of the
-        moment it was drawn, so updates made meanwhile reach batches drawn after them.
-        Prefetched batches are drawn when they are prepared, so they count towards
-        max_times_sampled (and ``chunks_sampled``) even if the loop never consumes them.
-        Closing the iterator (``close()``, or leaving a ``for`` loop or ``with`` block) stops
-        and joins the thread; an iterator that is merely dropped stops its thread without
-        waiting for it.
-
-        ``recycle=True`` draws into a ring of ``prefetch + 2`` batches instead of allocating
-        one per draw: a yielded batch then stays valid only until the iterator's next
-        ``next()`` returns (copy what you keep longer); after that its memory receives a
-        later draw. Without it (the default) every batch owns its memory.
-        """
-        check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
-        check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
-        self._check_window(window)
-        if not isinstance(recycle, bool):
-            raise wrong_type("recycle", "a bool", recycle)
-        target = self._batch_device(device)
-
-        def draw(out: WindowBatch | None = None) -> WindowBatch:
-            return self.sample_windows(batch_size, window, device=target, out=out)
-
-        return Prefetcher(recycling(draw, prefetch + 2) if recycle else draw, prefetch)
 
     def reseed(self, seed: int | torch.Generator | None = None) -> None:
         """Restart the random stream: from ``seed`` (as the constructor's), or the OS.

@@ -25,7 +25,11 @@ class Reporting:
     _core: ReplayCore
 
     def stats(self) -> dict[str, int]:
-        """Counters since construction: adds, evictions, retirements, draws."""
+        """Counters since construction: adds, evictions, retirements, draws.
+
+        ``epoch_skipped``: anchors epochs skipped because they were evicted (see `epoch`),
+        counted by this buffer object (a checkpoint does not keep it).
+        """
         with self._lock:
             return self._core.stats()
 
