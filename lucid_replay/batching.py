@@ -116,7 +116,7 @@ class Batcher:
             first = table.offsets(anchors.rows, anchors.steps)
             shape = (int(first.shape[0]), length)
             stepped = None
-            if ring.stacks:  # a stack needs each record's step
+            if ring.stacks or ring.compressed:  # they gather each record's step
                 stepped = stacks.chunk_records(anchors.rows, anchors.steps, length)
             self._gather(ring, table, shape, batch.data, first, 1, None, None, None, stepped)
         _copy_segment_ids(batch, table, anchors)

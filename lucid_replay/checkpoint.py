@@ -44,6 +44,7 @@ import torch
 
 from lucid_replay import files
 from lucid_replay.allocators import Allocator
+from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.errors import CheckpointError
 from lucid_replay.laws import selector_of_state
 from lucid_replay.ring import TransitionRing
@@ -161,6 +162,7 @@ def unpack(
     capacity: int,
     allocator: Allocator,
     in_place: bool = False,
+    cache_bytes: int = CACHE_BYTES,
 ) -> Snapshot:
     """A `Snapshot` of ``state`` on ``device``, every structural invariant checked.
 
@@ -196,7 +198,7 @@ def unpack(
         capacity=capacity,
         episodes=saved_table.get("episodes"),
     )
-    ring = TransitionRing(capacity, device, allocator)
+    ring = TransitionRing(capacity, device, allocator, cache_bytes)
     if schema is None:
         if table.num_transitions or state["data"]:
             raise CheckpointError("checkpoint schema must describe its stored data, got none")

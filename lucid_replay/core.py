@@ -22,6 +22,7 @@ from lucid_replay import checkpoint, engine, snapshot_checks
 from lucid_replay.allocators import Allocator
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.batching import Batcher
+from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.engine import Array
 from lucid_replay.episode import Episode
 from lucid_replay.errors import CheckpointError
@@ -73,6 +74,7 @@ class ReplayCore:
         segment_length: int | None = None,
         priority_unit: str = "episode",
         allocator: Allocator,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         self.store = EpisodeStore(
             capacity,
@@ -83,6 +85,7 @@ class ReplayCore:
             priority_unit=priority_unit,
             unit=unit,
             allocator=allocator,
+            cache_bytes=cache_bytes,
         )
         self.sampler = AnchorSampler(self.store.table, unit, reuse_limit)
         self.store.on_change = self.sampler.trees.mark_dirty

@@ -1,9 +1,9 @@
-"""`Field`: one stored field declared with how batches read it (frame stacks).
+"""`Field`: one stored field declared with how it is kept and how batches read it.
 
 A buffer's ``schema=`` maps each name to ``(shape, dtype)`` or to a `Field`; `Field` adds
 what the pair cannot say: ``stack=k`` gathers each record as the last ``k`` frames of its
 episode while every step stores one frame (`lucid_replay.stacks` rebuilds the stacks in the
-gather).
+gather), and ``codec=`` keeps the steps compressed (`lucid_replay.blocks`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ def _check_pad(instance: Field, attribute: attrs.Attribute[Any], pad: Any) -> No
 def _check_codec(instance: Field, attribute: attrs.Attribute[Any], codec: Any) -> None:
     if codec is None:
         return
-    if isinstance(codec, str) and codec in CODECS:
-        raise must("codec", "None: compressed fields are not available yet", codec)
-    raise must("codec", f"None or one of {CODECS}", codec)
+    if not isinstance(codec, str) or codec not in CODECS:
+        raise must("codec", f"None or one of {CODECS}", codec)
+    from lucid_replay.blocks import codec_module  # numpy and the codec: only when asked
+
+    codec_module(codec)  # an ImportError that names the extra to install
 
 
 MAX_STACK = 1024  # frames a record stacks: far beyond any frame stack in use
@@ -79,14 +81,19 @@ class Field:
         (gymnasium's ``FrameStackObservation(env, k)``, ``padding_type="reset"``);
         ``"zeros"`` makes them zeros (``padding_type="zero"``).
     codec
-        ``None``. Compressed fields (``"zstd"``, ``"lz4"``) are not available yet: they are
-        refused.
+        ``None`` (raw steps), ``"zstd"`` or ``"lz4"``: the field's steps are kept as
+        compressed blocks of 32 consecutive ring slots, and a gather decodes only the blocks
+        it reads, through a cache of decoded blocks (``cache_bytes`` of the buffer). Batches
+        are bit-identical to an uncompressed field's. Needs the extra ``compress``
+        (``zstandard``, ``lz4``) and CPU storage (``device="cpu"``, ``storage="memory"``).
 
     Raises
     ------
     InvalidArgumentError
         For a negative or non-int dimension, ``stack`` out of range, an unknown
-        ``stack_pad``, or a ``codec`` other than ``None``.
+        ``stack_pad`` or ``codec``.
+    ImportError
+        For a ``codec`` whose library is not installed (it names the extra).
     InvalidTypeError
         For a ``dtype`` that is not a ``torch.dtype`` or a ``stack`` that is not an int
         (``bool`` included).

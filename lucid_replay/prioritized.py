@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from lucid_replay.batch import PrioritizedBatch, WindowBatch
+from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.checks import as_vector, check_float
 from lucid_replay.errors import must
 from lucid_replay.fields import Field
@@ -34,7 +35,8 @@ class PrioritizedSequenceReplay(SequenceReplay):
     epsilon
         Added to every ``|error|`` so that an episode whose error reached zero can still be
         drawn.
-    device, unit, seed, max_times_sampled, schema, segment_length, storage, directory
+    device, unit, seed, max_times_sampled, schema, segment_length, storage, directory,
+    cache_bytes
         As `SequenceReplay`.
     selector
         Which anchors `sample_prioritized`, `sample_windows` (``prioritized=None``) and
@@ -117,6 +119,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         selector: Uniform | Prioritized | None = None,
         storage: str = "memory",
         directory: str | os.PathLike[str] | None = None,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         priorities = Priorities(_alpha_of(alpha, selector), beta, epsilon)
         self._asked_unit = priority_unit  # checked by SequenceReplay.__init__
@@ -132,6 +135,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
             selector=selector,
             storage=storage,
             directory=directory,
+            cache_bytes=cache_bytes,
         )
         self._core.prioritize(priorities)
 

@@ -18,6 +18,7 @@ import torch
 from lucid_replay import checkpoint, forks
 from lucid_replay.allocators import MEMORY
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch, record_positions
+from lucid_replay.blocks import CACHE_BYTES, checked_cache
 from lucid_replay.checks import check_device, check_int, make_generator
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
@@ -79,6 +80,9 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         ``"memmap"`` (CPU only): each field in a file under ``directory`` (a new or empty
         directory, created if needed), mapped into memory, so ``capacity`` may exceed RAM;
         `sync` makes the directory a checkpoint and `open` reopens it.
+    cache_bytes
+        The most bytes of decoded blocks the compressed fields (``Field(codec=...)``) keep
+        for gathers, all fields together (default 256 MiB; 0 keeps none).
 
     Raises
     ------
@@ -123,6 +127,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         selector: Uniform | Prioritized | None = None,
         storage: str = "memory",
         directory: str | os.PathLike[str] | None = None,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         law = checked_selector(selector, self._alpha_asked, buffer=type(self).__name__)
         declared = None if schema is None else Schema.declared(schema)
@@ -139,6 +144,8 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
             max_times_sampled = check_int("max_times_sampled", max_times_sampled, minimum=1)
         self._device = check_device("device", device)
         generator = make_generator(seed, self._device)
+        codecs = {} if declared is None else declared.codecs
+        cache_bytes = checked_cache(cache_bytes, codecs, self._device, storage)
         files = checked_storage(storage, directory, self._device)  # claims: the last check
         self._lock = threading.RLock()
         self._core = ReplayCore(
@@ -151,6 +158,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
             segment_length=segment_length,
             priority_unit=priority_unit,
             allocator=MEMORY if files is None else files,  # where fields are kept
+            cache_bytes=cache_bytes,
         )
         self._core.law = law
         forks.reset_in_child(self)

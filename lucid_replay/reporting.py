@@ -57,12 +57,14 @@ class Reporting:
 
             - ``raw_bytes``: the stored steps (``len(buffer)``) uncompressed, one frame per
               step (a ``Field(..., stack=k)`` stores one frame per step, not ``k``);
-            - ``stored_bytes``: the memory that holds them. A buffer's fields are allocated
-              whole at the first add (``capacity`` steps each), so this is the field's
-              allocation, ``capacity`` steps' bytes, whether the steps fill it or not
-              (``raw_bytes <= stored_bytes``, equal once the buffer is full); 0 before the
-              first add;
-            - ``cache_bytes``: decoded blocks kept for gathers: 0 (no field is compressed).
+            - ``stored_bytes``: the memory that holds them. A raw field is allocated whole
+              at the first add (``capacity`` steps, in memory or in its file), so this is
+              that allocation, whether the steps fill it or not (``raw_bytes <=
+              stored_bytes``, equal once the buffer is full); 0 before the first add. A
+              compressed field (``Field(codec=...)``) holds its compressed blocks of 32
+              slots, plus the one block being written, raw;
+            - ``cache_bytes``: the compressed field's decoded blocks kept for gathers (at
+              most the buffer's ``cache_bytes`` for all fields together); 0 for raw fields.
 
             Fields are listed once the schema is known (declared, or fixed by the first
             add). The episode table's few dozen bytes per episode are not counted. O(fields).
@@ -83,13 +85,17 @@ class Reporting:
             store = self._core.store
             stored_steps = store.table.num_transitions
             fields: dict[str, dict[str, int]] = {}
+            compressed = store.ring.compressed
             for name, (shape, dtype) in (store.schema or {}).items():
                 step_bytes = math.prod(shape) * dtype.itemsize
                 holding = 0 if store.ring.fields.get(name) is None else store.ring.capacity
+                stored, cached = holding * step_bytes, 0
+                if compressed is not None and name in compressed.specs:
+                    stored, cached = compressed.stored_bytes(name), compressed.cache_bytes(name)
                 fields[name] = {
                     "raw_bytes": stored_steps * step_bytes,
-                    "stored_bytes": holding * step_bytes,
-                    "cache_bytes": 0,
+                    "stored_bytes": stored,
+                    "cache_bytes": cached,
                 }
         total = {key: sum(entry[key] for entry in fields.values()) for key in _KEYS}
         return {"fields": fields, "total": total}

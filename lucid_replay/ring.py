@@ -18,6 +18,7 @@ import torch
 
 from lucid_replay import engine
 from lucid_replay.allocators import Allocator, allocate_fields
+from lucid_replay.blocks import CACHE_BYTES, CompressedFields
 from lucid_replay.engine import Array
 
 if TYPE_CHECKING:
@@ -33,11 +34,21 @@ class TransitionRing:
     is one or two slice copies per field; ``gather`` is one ``index_select`` per field.
     """
 
-    def __init__(self, capacity: int, device: torch.device, allocator: Allocator) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        device: torch.device,
+        allocator: Allocator,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> None:
         self.capacity = capacity
         self.device = device
         self.allocator = allocator
-        self.fields: dict[str, torch.Tensor] = {}
+        self.fields: dict[str, torch.Tensor] = {}  # the fields kept raw
+        # The fields kept as compressed blocks (`Field(codec=...)`; CPU only), and the
+        # bytes of decoded blocks their gathers may keep.
+        self.compressed: CompressedFields | None = None
+        self.cache_bytes = cache_bytes
         self._host_fields: dict[str, np.ndarray] | None = None
         # Where each CPU field's memory is, and its bytes per record, for the compiled gather.
         self._addresses = self._row_bytes = _NO_STARTS
@@ -58,11 +69,20 @@ class TransitionRing:
         """Create the storage tensors for ``schema`` (name -> (per-step shape, dtype)).
 
         All or nothing (see `allocate_fields`): on a `MemoryError` the ring keeps no storage.
-        A `Schema`'s stacked fields are kept in `stacks`.
+        A `Schema`'s stacked fields are kept in `stacks`, its compressed ones in `compressed`.
         """
-        fields = allocate_fields(self.allocator, self.capacity, schema, self.device)
+        codecs = dict(getattr(schema, "codecs", {}))
+        raw = {name: spec for name, spec in schema.items() if name not in codecs}
+        fields = allocate_fields(self.allocator, self.capacity, raw, self.device)
         self.stacks = dict(getattr(schema, "stacks", {}))
+        self.compressed = None
+        if codecs:
+            specs = {name: schema[name] for name in codecs}
+            self.compressed = CompressedFields(self.capacity, specs, codecs, self.cache_bytes)
         self._adopt(fields)
+        self.allocated = True  # (compressed fields only: no tensors)
+
+    allocated = False
 
     def part(self, names: tuple[str, ...]) -> TransitionRing:
         """A ring over fields ``names`` of this one (the same memory), for their own gathers.
@@ -120,6 +140,8 @@ class TransitionRing:
         else:  # detached: copying a tensor that requires grad would put the ring in its graph
             stores, sources = self.fields, {name: t.detach() for name, t in steps.items()}
         for name in sources:
+            if name not in stores:
+                continue  # a compressed field: below
             store: Array = stores[name]
             values: Array = sources[name]
             if first == length:
@@ -127,6 +149,8 @@ class TransitionRing:
             else:
                 store[begin:] = values[:first]
                 store[: length - first] = values[first:]
+        if self.compressed is not None:
+            self.compressed.write(begin, first, steps)
 
     def layout(self) -> tuple[np.ndarray, np.ndarray]:
         """Each field's address and bytes per step (empty off the CPU), for compiled copies."""
@@ -140,6 +164,8 @@ class TransitionRing:
         """
         if not self._addresses.shape[0] or self._written is not None:
             return None  # a compiled write would not report its end (see `write`)
+        if self.compressed is not None:
+            return None  # nor compress
         addresses = np.empty(len(self.fields), dtype=np.int64)
         for at, (name, signed) in enumerate(self._signed.items()):
             values = steps[name]
@@ -168,6 +194,10 @@ class TransitionRing:
     ) -> None:
         """Write ``values[i]`` to the slot of stored offset ``offsets[i]`` of field ``name``."""
         slots = engine.tensor(self.slots(engine.view(offsets), oldest_offset))
+        if name not in self.fields:
+            assert self.compressed is not None  # a stored field is raw or compressed
+            self.compressed.scatter(name, slots.cpu().numpy(), values)
+            return
         self.fields[name][slots] = values
 
     def read(self, offset: int, length: int) -> dict[str, torch.Tensor]:
@@ -187,6 +217,8 @@ class TransitionRing:
         spans = [(begin, first)] if first == length else [(begin, first), (0, length - first)]
         for name, store in self.fields.items():
             yield name, [_alias(store, start, count) for start, count in spans]
+        if self.compressed is not None:
+            yield from self.compressed.export(spans)
 
     def fill(self, name: str, offset: int, pieces: Iterable[torch.Tensor]) -> None:
         """Write field ``name``'s transitions from global ``offset`` on: `export`'s inverse.
@@ -214,6 +246,8 @@ class TransitionRing:
                 target = out[name]
                 torch.index_select(store, 0, flat, out=target.view(flat.shape[0], *store.shape[1:]))
                 result[name] = target
+        if self.compressed is not None:
+            result.update(self.compressed.gather_all(positions, out))
         return result
 
     def gather_runs(

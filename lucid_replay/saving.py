@@ -56,6 +56,7 @@ class Checkpointing:
                 device=self._device,
                 capacity=self._capacity,
                 allocator=self._core.store.allocator,  # where this buffer keeps its fields
+                cache_bytes=self._core.store.ring.cache_bytes,
             )
             self._core.restore(snapshot, self._config())
 

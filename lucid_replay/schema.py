@@ -112,16 +112,21 @@ class Schema(Mapping[str, FieldSpec]):
 
     Field order does not matter: two schemas with the same entries are equal. ``stacks``:
     name -> ``(frames, pad)`` of the fields a gathered batch reads as frame stacks (`Field`
-    with ``stack > 1``); the mapping itself always says what one step stores.
+    with ``stack > 1``); ``codecs``: name -> codec of the fields kept compressed; the mapping
+    itself always says what one step stores.
     """
 
-    __slots__ = ("_fields", "_gathered", "_hash", "_stacks")
+    __slots__ = ("_codecs", "_fields", "_gathered", "_hash", "_stacks")
 
     def __init__(
-        self, fields: Mapping[str, FieldSpec], stacks: Mapping[str, Stack] | None = None
+        self,
+        fields: Mapping[str, FieldSpec],
+        stacks: Mapping[str, Stack] | None = None,
+        codecs: Mapping[str, str] | None = None,
     ) -> None:
         self._fields = {name: (tuple(shape), dtype) for name, (shape, dtype) in fields.items()}
         self._stacks = dict(stacks or {})
+        self._codecs = dict(codecs or {})
         self._hash: int | None = None  # computed once: every draw looks up its batch layout
         self._gathered: Schema | None = None if self._stacks else self
 
@@ -148,6 +153,7 @@ class Schema(Mapping[str, FieldSpec]):
             raise wrong_type("schema", "a non-empty mapping of name -> (shape, dtype)", fields)
         parsed: dict[str, FieldSpec] = {}
         stacks: dict[str, Stack] = {}
+        codecs: dict[str, str] = {}
         for name, spec in fields.items():
             if not isinstance(name, str):
                 raise wrong_type("schema names", "str", name)
@@ -155,6 +161,8 @@ class Schema(Mapping[str, FieldSpec]):
                 parsed[name] = (spec.shape, spec.dtype)
                 if spec.stack > 1:
                     stacks[name] = (spec.stack, spec.stack_pad)
+                if spec.codec is not None:
+                    codecs[name] = spec.codec
                 continue
             try:
                 shape, dtype = spec
@@ -168,7 +176,7 @@ class Schema(Mapping[str, FieldSpec]):
             if not isinstance(dtype, torch.dtype):
                 raise wrong_type(f"schema[{name!r}] dtype", "a torch.dtype", dtype)
             parsed[name] = (dims, dtype)
-        schema = cls(parsed, stacks)
+        schema = cls(parsed, stacks, codecs)
         schema.check_storable()
         return schema
 
@@ -176,6 +184,11 @@ class Schema(Mapping[str, FieldSpec]):
     def stacks(self) -> Mapping[str, Stack]:
         """Name -> ``(frames, pad)`` of the stacked fields (empty: none), read only."""
         return self._stacks
+
+    @property
+    def codecs(self) -> Mapping[str, str]:
+        """Name -> codec of the fields kept compressed (empty: none), read only."""
+        return self._codecs
 
     @property
     def gathered(self) -> Schema:
@@ -195,7 +208,7 @@ class Schema(Mapping[str, FieldSpec]):
         """Field ``name`` as a `Field` (its stack included)."""
         shape, dtype = self._fields[name]
         stack, pad = self._stacks.get(name, (1, "same"))
-        return Field(shape, dtype, stack=stack, stack_pad=pad)
+        return Field(shape, dtype, stack=stack, stack_pad=pad, codec=self._codecs.get(name))
 
     # ------------------------------------------------------------------------ Mapping
     def __getitem__(self, name: str) -> FieldSpec:
@@ -215,10 +228,16 @@ class Schema(Mapping[str, FieldSpec]):
         # `add` compares every episode's schema with the buffer's: a dict comparison, not
         # Mapping's generic one (which builds two dicts).
         if isinstance(other, Schema):
-            return self._fields == other._fields and self._stacks == other._stacks
+            return (
+                self._fields == other._fields
+                and self._stacks == other._stacks
+                and self._codecs == other._codecs
+            )
         if not isinstance(other, Mapping):
             return False
-        if not self._stacks and not any(isinstance(v, Field) for v in other.values()):
+        if not (self._stacks or self._codecs) and not any(
+            isinstance(v, Field) for v in other.values()
+        ):
             return self._fields == dict(other.items())
         try:
             return self == Schema.declared(other)
@@ -227,20 +246,27 @@ class Schema(Mapping[str, FieldSpec]):
 
     def __hash__(self) -> int:
         if self._hash is None:
-            self._hash = hash((frozenset(self._fields.items()), frozenset(self._stacks.items())))
+            self._hash = hash(
+                (
+                    frozenset(self._fields.items()),
+                    frozenset(self._stacks.items()),
+                    frozenset(self._codecs.items()),
+                )
+            )
         return self._hash
 
     def __reduce__(
         self,
-    ) -> tuple[type[Schema], tuple[dict[str, FieldSpec], dict[str, Stack]]]:
+    ) -> tuple[type[Schema], tuple[dict[str, FieldSpec], dict[str, Stack], dict[str, str]]]:
         # The fields only: a hash computed in another process (salted string hashes) is
         # wrong in this one.
-        return Schema, (self._fields, self._stacks)
+        return Schema, (self._fields, self._stacks, self._codecs)
 
     def __repr__(self) -> str:
-        if not self._stacks:
+        special = self._stacks.keys() | self._codecs.keys()
+        if not special:
             return repr(self._fields)  # reads as the plain mapping it compares equal to
-        return repr({n: self.field(n) if n in self._stacks else s for n, s in self.items()})
+        return repr({n: self.field(n) if n in special else s for n, s in self.items()})
 
     # ------------------------------------------------------------------------- checks
     def check_storable(self) -> None:
@@ -348,7 +374,7 @@ class Schema(Mapping[str, FieldSpec]):
         state: dict[str, list[Any]] = {}
         for name, (shape, dtype) in self.items():
             entry: list[Any] = [list(shape), str(dtype)]
-            if name in self._stacks:
+            if name in self._stacks or name in self._codecs:
                 entry.append(self.field(name).to_state())
             state[name] = entry
         return state
@@ -360,6 +386,7 @@ class Schema(Mapping[str, FieldSpec]):
             raise wrong_kind("schema", "a mapping", type(state).__name__)
         fields: dict[str, FieldSpec] = {}
         stacks: dict[str, Stack] = {}
+        codecs: dict[str, str] = {}
         for name, entry in state.items():
             if (
                 not isinstance(name, str)
@@ -379,16 +406,18 @@ class Schema(Mapping[str, FieldSpec]):
                 )
             fields[name] = (tuple(shape), dtype)
             if len(entry) == 3:
-                stack = _stack_of(name, (tuple(shape), dtype), entry[2])
-                if stack is not None:
-                    stacks[name] = stack
-        schema = cls(fields, stacks)
+                field = _field_of(name, (tuple(shape), dtype), entry[2])
+                if field.stack > 1:
+                    stacks[name] = (field.stack, field.stack_pad)
+                if field.codec is not None:
+                    codecs[name] = field.codec
+        schema = cls(fields, stacks, codecs)
         schema.check_storable()
         return schema
 
 
-def _stack_of(name: str, spec: FieldSpec, options: Any) -> Stack | None:
-    """A checkpoint's field dict (`Field.to_state`) checked by `Field`; None for no stack."""
+def _field_of(name: str, spec: FieldSpec, options: Any) -> Field:
+    """A checkpoint's field dict (`Field.to_state`), checked by `Field`."""
     keys = ("stack", "stack_pad", "codec")
     if not isinstance(options, Mapping) or set(options) != set(keys):
         raise must(f"schema[{name!r}] field", f"a dict of {list(keys)}", options)
@@ -398,4 +427,4 @@ def _stack_of(name: str, spec: FieldSpec, options: Any) -> Stack | None:
         raise must_have(
             f"schema[{name!r}] field", "a valid Field", f"{options!r} ({error})"
         ) from None
-    return (field.stack, field.stack_pad) if field.stack > 1 else None
+    return field

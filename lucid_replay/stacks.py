@@ -13,7 +13,7 @@ the clamped and cross-seam frames as its inexact records: no second gather.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -48,17 +48,19 @@ def gather(
     tensors) holds each stacked field as ``[B, W, k, *shape]``.
     """
     size = shape[1]
-    stacks = ring.stacks
-    if not stacks:
+    stacks, compressed = ring.stacks, ring.compressed
+    if not stacks and compressed is None:
         return ring.gather_runs(table, first_offsets, size, stride, records, exact, out, runs)
+    specs = {name: (tuple(t.shape[1:]), t.dtype) for name, t in ring.fields.items()}
+    specs.update({} if compressed is None else compressed.specs)
     if out is None:
         out = {
             name: torch.empty(
-                (*shape, *((stacks[name][0],) if name in stacks else ()), *store.shape[1:]),
-                dtype=store.dtype,
+                (*shape, *((stacks[name][0],) if name in stacks else ()), *field_shape),
+                dtype=dtype,
                 device=ring.device,
             )
-            for name, store in ring.fields.items()
+            for name, (field_shape, dtype) in specs.items()
         }
     assert stepped is not None  # the batcher gives every record's step with stacks
     plain = tuple(name for name in ring.fields if name not in stacks)
@@ -66,11 +68,8 @@ def gather(
         part = ring.part(plain)
         into = {name: out[name] for name in plain}
         part.gather_runs(table, first_offsets, size, stride, records, exact, into, runs)
-    groups: dict[tuple[int, str], list[str]] = {}
-    for name, stack in stacks.items():
-        groups.setdefault(stack, []).append(name)
     count = shape[0] * shape[1]
-    for (frames, pad), names in groups.items():
+    for (frames, pad), names in _groups(stacks, ring.fields).items():
         firsts, frame_records, frame_exact, before = plan(table, stepped, frames)
         views = {
             name: out[name].view(count, frames, *ring.fields[name].shape[1:]) for name in names
@@ -78,9 +77,57 @@ def gather(
         part = ring.part(tuple(names))
         part.gather_runs(table, firsts, frames, 1, frame_records, frame_exact, views)
         if pad == "zeros" and before is not None:
-            for name in names:
-                out[name].view(count * frames, -1).index_fill_(0, before.to(out[name].device), 0)
+            _zero(out, names, count * frames, before)
+    if compressed is not None:
+        _gather_compressed(ring, table, stepped, count, out)
     return dict(out)
+
+
+def _groups(
+    stacks: Mapping[str, tuple[int, str]], names: Iterable[str]
+) -> dict[tuple[int, str], list[str]]:
+    """The stacked fields among ``names``, by their stack ``(frames, pad)``."""
+    groups: dict[tuple[int, str], list[str]] = {}
+    for name in names:
+        if name in stacks:
+            groups.setdefault(stacks[name], []).append(name)
+    return groups
+
+
+def _zero(
+    out: Mapping[str, torch.Tensor], names: list[str], frames: int, before: torch.Tensor
+) -> None:
+    for name in names:
+        out[name].view(frames, -1).index_fill_(0, before.to(out[name].device), 0)
+
+
+def _gather_compressed(
+    ring: TransitionRing,
+    table: EpisodeTable,
+    stepped: tuple[Array, Array],
+    count: int,
+    out: Mapping[str, torch.Tensor],
+) -> None:
+    """The compressed fields' frames of records ``stepped`` (each record's stack, or itself).
+
+    Their slots come from the same plan as the stacks of raw fields; the blocks holding
+    them are decoded (`lucid_replay.blocks`) and their frames copied into ``out``.
+    """
+    compressed = ring.compressed
+    assert compressed is not None
+    base = engine.tensor(table.arrays["base"])
+    groups: dict[tuple[int, str], list[str]] = {}
+    for name in compressed.specs:
+        groups.setdefault(ring.stacks.get(name, (1, "same")), []).append(name)
+    for (frames, pad), names in groups.items():
+        _, (frame_rows, frame_steps), _, before = plan(table, stepped, frames)
+        offsets = base[engine.tensor(frame_rows)] + engine.tensor(frame_steps)
+        slots = ring.slots(offsets.reshape(-1), table.oldest_offset).cpu().numpy()
+        for name in names:
+            shape = compressed.specs[name][0]
+            out[name].view(count * frames, *shape).copy_(compressed.gather(name, slots))
+        if pad == "zeros" and before is not None:
+            _zero(out, names, count * frames, before)
 
 
 def plan(table: EpisodeTable, stepped: tuple[Array, Array], frames: int) -> _Plan:

@@ -15,6 +15,7 @@ import torch
 
 from lucid_replay import engine
 from lucid_replay.allocators import Allocator
+from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.checks import as_id, as_vector
 from lucid_replay.episode import Episode, host_views
 from lucid_replay.errors import UnknownEpisodeError, must, wrong_kind
@@ -66,6 +67,7 @@ class EpisodeStore:
         priority_unit: str = "episode",
         unit: str = "chunk",
         allocator: Allocator,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         self.capacity = capacity
         self.reuse_limit = reuse_limit
@@ -73,7 +75,7 @@ class EpisodeStore:
         self.schema = declared
         self.declared = declared is not None  # a declared schema casts same-kind dtypes
         self.allocator = allocator
-        self.ring = TransitionRing(capacity, device, allocator)
+        self.ring = TransitionRing(capacity, device, allocator, cache_bytes)
         self.table = EpisodeTable(device, segmented=segment_length is not None)
         self.segments = (
             None if segment_length is None else Segments(self, segment_length, priority_unit, unit)
@@ -99,7 +101,7 @@ class EpisodeStore:
 
     def fix_schema(self, schema: Schema) -> None:
         """Allocate the ring for ``schema`` on the first store (all or nothing)."""
-        if not self.ring.fields:
+        if not self.ring.allocated:
             self.ring.allocate(schema)  # all or nothing: a failure fixes no schema
             self.schema = schema
 
@@ -162,7 +164,8 @@ class EpisodeStore:
     def memory(self) -> dict[str, int]:
         """Bytes held by the ring (``data_bytes``) and the episode table (``table_bytes``)."""
         return {
-            "data_bytes": _bytes(self.ring.fields.values()),
+            "data_bytes": _bytes(self.ring.fields.values())
+            + (0 if self.ring.compressed is None else self.ring.compressed.stored_bytes()),
             "table_bytes": _bytes(self.table.columns.values()),
         }
 

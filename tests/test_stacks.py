@@ -250,7 +250,6 @@ def test_out_of_another_layout_is_refused() -> None:
         ({"stack": True}, InvalidTypeError, r"stack must be an int, got True"),
         ({"stack": 2.0}, InvalidTypeError, r"stack must be an int, got 2.0"),
         ({"stack_pad": "reset"}, InvalidArgumentError, r"stack_pad must be one of"),
-        ({"codec": "zstd"}, InvalidArgumentError, r"codec must be None: compressed fields"),
         ({"codec": "gzip"}, InvalidArgumentError, r"codec must be None or one of"),
     ],
 )
@@ -299,7 +298,7 @@ def test_checkpoint_round_trip(tmp_path, segment_length: int | None) -> None:
         ({"stack": 0, "stack_pad": "same", "codec": None}, "stack must be an int in"),
         ({"stack": True, "stack_pad": "same", "codec": None}, "stack must be an int"),
         ({"stack": 2, "stack_pad": "up", "codec": None}, "stack_pad must be one of"),
-        ({"stack": 2, "stack_pad": "same", "codec": "zstd"}, "codec must be None"),
+        ({"stack": 2, "stack_pad": "same", "codec": "gzip"}, "codec must be None or one of"),
         ({"stack": 2}, r"must be a dict of \['stack', 'stack_pad', 'codec'\]"),
         ("stack", r"must be a dict of"),
     ],

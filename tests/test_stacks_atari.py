@@ -48,12 +48,15 @@ def play(game: str, padding: str, steps: int) -> list[tuple[np.ndarray, np.ndarr
 
 
 @pytest.mark.parametrize("game", ["Breakout", "Pong"])
-@pytest.mark.parametrize("pad", ["same", "zeros"])
-def test_stacks_equal_frame_stack_observation(game: str, pad: str) -> None:
-    """Every record's stack (from step 0, clamped ones included) is the wrapper's observation."""
+@pytest.mark.parametrize(("pad", "codec"), [("same", None), ("zeros", None), ("same", "zstd")])
+def test_stacks_equal_frame_stack_observation(game: str, pad: str, codec: str | None) -> None:
+    """Every record's stack (from step 0, clamped ones included) is the wrapper's observation,
+    compressed or not."""
+    if codec is not None:
+        pytest.importorskip("zstandard")
     played = play(game, PADS[pad], 150 if game == "Pong" else 250)
     schema = {
-        "obs": Field((84, 84), torch.uint8, stack=FRAMES, stack_pad=pad),
+        "obs": Field((84, 84), torch.uint8, stack=FRAMES, stack_pad=pad, codec=codec),
         "action": ((), torch.int64),
     }
     buffer = SequenceReplay(2_000, schema=schema, seed=0)
@@ -62,7 +65,11 @@ def test_stacks_equal_frame_stack_observation(game: str, pad: str) -> None:
         frames = torch.from_numpy(stacked[:, -1])  # each step's own frame: stored once
         episode_id = buffer.add(Episode({"obs": frames, "action": torch.from_numpy(actions)}))
         expected[episode_id] = torch.from_numpy(stacked)
-    assert buffer.memory_report()["fields"]["obs"]["raw_bytes"] == len(buffer) * 84 * 84
+    report = buffer.memory_report()["fields"]["obs"]
+    assert report["raw_bytes"] == len(buffer) * 84 * 84
+    if codec is not None:  # real frames: blocks over ten times smaller, besides the one
+        head = 32 * 84 * 84  # block being written, kept raw
+        assert (report["stored_bytes"] - head) * 10 < report["raw_bytes"]
 
     for episode_id, stacked in expected.items():  # every step as an anchor, from step 0 on
         steps = torch.arange(stacked.shape[0])

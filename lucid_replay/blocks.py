@@ -1,0 +1,317 @@
+"""Compressed fields: a field's ring slots kept as compressed blocks of steps, decoded on demand.
+
+A field with ``codec="zstd"`` or ``"lz4"`` has no ``[capacity, *shape]`` tensor. Its slots
+are cut into blocks of `BLOCK_STEPS` consecutive slots, each kept as one compressed frame
+of its raw bytes (`BlockField`). The ring writes slots in order, so exactly one block is
+being written at a time: it stays raw (the *head*) until the writes move on, and is then
+compressed. A gather decodes only the blocks its slots fall in, through the buffer's one
+`BlockCache` of decoded blocks (at most ``cache_bytes``), and copies the slots out: the
+bytes are the ones written, so a batch is bit-identical to an uncompressed buffer's.
+
+Both libraries release the GIL while they compress and decode, so a background thread
+(``iterate``'s prefetch) decodes while the learner's thread runs. The codecs are the extra
+``compress`` (``pip install lucid-replay[compress]``): `codec_module` names it when a
+library is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from types import ModuleType
+from typing import Final
+
+import numpy as np
+import torch
+
+__all__: list[str] = []  # internal module
+
+CODECS: Final = ("zstd", "lz4")
+BLOCK_STEPS: Final = 32  # slots per compressed block: the unit a gather decodes
+_LIBRARIES: Final = {"zstd": "zstandard", "lz4": "lz4.block"}
+_ZSTD_LEVEL: Final = 1  # fast; frames of pixels compress ~10x at any level
+CACHE_BYTES: Final = 256 << 20  # a buffer's decoded blocks, by default
+
+
+def codec_module(codec: str) -> ModuleType:
+    """The library of ``codec``, or an `ImportError` that names the extra to install."""
+    name = _LIBRARIES[codec]
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ImportError(
+            f"codec={codec!r} needs the {name.split('.')[0]!r} package: "
+            "pip install 'lucid-replay[compress]'"
+        ) from None
+
+
+def checked_cache(
+    cache_bytes: object, codecs: Mapping[str, str], device: torch.device, storage: object
+) -> int:
+    """``cache_bytes`` (an int ``>= 0``), and compressed fields only where they can be kept.
+
+    Compressed fields are decoded on the host: they need CPU storage in memory.
+    """
+    from lucid_replay.checks import check_int  # checks imports torch only; kept local
+    from lucid_replay.errors import must
+
+    cache = check_int("cache_bytes", cache_bytes, minimum=0)
+    if codecs and device.type != "cpu":
+        raise must("device", "'cpu' with compressed fields (Field codec=...)", str(device))
+    if codecs and storage != "memory":
+        raise must("storage", "'memory' with compressed fields (Field codec=...)", storage)
+    return cache
+
+
+class _Codec:
+    """Compresses and decodes raw blocks of a known size with one library."""
+
+    def __init__(self, codec: str) -> None:
+        self.name = codec
+        module = codec_module(codec)
+        if codec == "zstd":
+            self._compressor = module.ZstdCompressor(level=_ZSTD_LEVEL)
+            self._decompressor = module.ZstdDecompressor()
+        self._module = module
+
+    def compress(self, raw: np.ndarray) -> bytes:
+        if self.name == "zstd":
+            return bytes(self._compressor.compress(raw))
+        return bytes(self._module.compress(raw, store_size=False))
+
+    def decode(self, frame: bytes, size: int) -> np.ndarray:
+        if self.name == "zstd":
+            data = self._decompressor.decompress(frame, max_output_size=size)
+        else:
+            data = self._module.decompress(frame, uncompressed_size=size)
+        return np.frombuffer(data, dtype=np.uint8)
+
+
+class BlockCache:
+    """Decoded blocks, least recently used dropped first, at most ``max_bytes`` in all."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._blocks: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+
+    def get(self, key: tuple[int, int]) -> np.ndarray | None:
+        block = self._blocks.get(key)
+        if block is not None:
+            self._blocks.move_to_end(key)
+        return block
+
+    def put(self, key: tuple[int, int], block: np.ndarray) -> None:
+        if block.nbytes > self.max_bytes:
+            return  # never kept: it would push out everything else
+        self.drop(key)
+        self._blocks[key] = block
+        self.nbytes += block.nbytes
+        while self.nbytes > self.max_bytes:
+            _, oldest = self._blocks.popitem(last=False)
+            self.nbytes -= oldest.nbytes
+
+    def drop(self, key: tuple[int, int]) -> None:
+        block = self._blocks.pop(key, None)
+        if block is not None:
+            self.nbytes -= block.nbytes
+
+    def owned_by(self, owner: int) -> int:
+        """Bytes of the cached blocks of field ``owner``."""
+        return sum(block.nbytes for (who, _), block in self._blocks.items() if who == owner)
+
+
+class BlockField:
+    """One field's ``capacity`` slots of ``step_bytes`` bytes each, as compressed blocks.
+
+    ``owner``: this field's key in ``cache``. Slots never written read as zeros.
+    """
+
+    def __init__(
+        self, capacity: int, step_bytes: int, codec: str, cache: BlockCache, owner: int
+    ) -> None:
+        self.capacity, self.step_bytes = capacity, step_bytes
+        self.codec, self.cache, self.owner = _Codec(codec), cache, owner
+        self.frames: list[bytes | None] = [None] * math.ceil(capacity / BLOCK_STEPS)
+        self.head = -1  # the block being written, raw in `staging`
+        self.staging = np.zeros((BLOCK_STEPS, step_bytes), dtype=np.uint8)
+
+    @property
+    def stored_bytes(self) -> int:
+        """Compressed frames plus the raw head block."""
+        sealed = sum(len(frame) for frame in self.frames if frame is not None)
+        return sealed + (self.staging.nbytes if self.head >= 0 else 0)
+
+    def write(self, slot: int, raw: np.ndarray) -> None:
+        """Copy ``raw`` (``[n, step_bytes]`` uint8) to slots ``slot .. slot + n - 1``."""
+        end = slot + raw.shape[0]
+        assert end <= self.capacity  # the ring splits a write at its seam
+        while slot < end:
+            block, within = divmod(slot, BLOCK_STEPS)
+            count = min(end - slot, self._block_size(block) - within)
+            if block != self.head:
+                whole = within == 0 and count == self._block_size(block)
+                self._move_head(block, keep_old=not whole)
+            self.staging[within : within + count] = raw[:count]
+            raw, slot = raw[count:], slot + count
+
+    def gather(self, slots: np.ndarray) -> np.ndarray:
+        """The bytes of ring ``slots`` (flat int64): ``[len(slots), step_bytes]`` uint8."""
+        out = np.empty((slots.shape[0], self.step_bytes), dtype=np.uint8)
+        if not slots.shape[0]:
+            return out
+        blocks = slots // BLOCK_STEPS
+        order = np.argsort(blocks, kind="stable")
+        touched, starts = np.unique(blocks[order], return_index=True)
+        ends = np.append(starts[1:], order.shape[0])
+        for block, start, stop in zip(
+            touched.tolist(), starts.tolist(), ends.tolist(), strict=True
+        ):
+            picked = order[start:stop]  # positions in `slots` within this block
+            out[picked] = self._decoded(block)[slots[picked] - block * BLOCK_STEPS]
+        return out
+
+    def scatter(self, slots: np.ndarray, raw: np.ndarray) -> None:
+        """Write ``raw[i]`` (``[n, step_bytes]`` uint8) to slot ``slots[i]``, in any order.
+
+        Each block touched is decoded, changed and compressed again (the head in place).
+        """
+        blocks = slots // BLOCK_STEPS
+        for block in np.unique(blocks).tolist():
+            picked = blocks == block
+            within = slots[picked] - block * BLOCK_STEPS
+            if block == self.head:
+                self.staging[within] = raw[picked]
+                continue
+            decoded = self._decoded(block).copy()
+            decoded[within] = raw[picked]
+            self.frames[block] = self.codec.compress(decoded)
+            self.cache.drop((self.owner, block))
+
+    def seal(self) -> None:
+        """Compress the head block (before a checkpoint reads every block the same way)."""
+        if self.head >= 0:
+            self._move_head(-1, keep_old=False)
+
+    # --------------------------------------------------------------------------- inside
+    def _block_size(self, block: int) -> int:
+        return min(BLOCK_STEPS, self.capacity - block * BLOCK_STEPS)
+
+    def _move_head(self, block: int, *, keep_old: bool) -> None:
+        """Compress the head block and make ``block`` the head (its slots kept if ``keep_old``)."""
+        if self.head >= 0:
+            size = self._block_size(self.head)
+            self.frames[self.head] = self.codec.compress(self.staging[:size])
+            self.cache.drop((self.owner, self.head))  # decoded before it was rewritten
+        if block >= 0 and keep_old:
+            self.staging[: self._block_size(block)] = self._decoded(block)
+        self.head = block
+
+    def _decoded(self, block: int) -> np.ndarray:
+        """Block ``block``'s slots, ``[block size, step_bytes]`` (read-only or the head's)."""
+        if block == self.head:
+            return self.staging
+        key = (self.owner, block)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        size = self._block_size(block)
+        frame = self.frames[block]
+        if frame is None:
+            return np.zeros((size, self.step_bytes), dtype=np.uint8)
+        decoded = self.codec.decode(frame, size * self.step_bytes).reshape(size, self.step_bytes)
+        self.cache.put(key, decoded)
+        return decoded
+
+
+def step_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes of one step of a field of per-step ``shape`` and ``dtype``."""
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def as_raw(values: torch.Tensor) -> np.ndarray:
+    """``values`` (``[n, ...]``, CPU) as ``[n, step_bytes]`` uint8, its bytes as stored."""
+    flat = values.detach().contiguous().reshape(values.shape[0], -1)
+    if flat.is_conj() or flat.is_neg():
+        flat = flat.resolve_conj().resolve_neg()
+    return flat.view(torch.uint8).numpy()
+
+
+def as_values(raw: np.ndarray, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``raw`` (``[*S, step_bytes]`` uint8) as a tensor of ``[*S, *shape]`` and ``dtype``."""
+    tensor: torch.Tensor = torch.from_numpy(raw).view(dtype)
+    return tensor.reshape(*raw.shape[:-1], *shape)
+
+
+class CompressedFields:
+    """A ring's compressed fields: a `BlockField` each, sharing one `BlockCache`.
+
+    ``specs``: name -> ``(per-step shape, dtype)``; ``codecs``: name -> codec.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+        codecs: Mapping[str, str],
+        cache_bytes: int,
+    ) -> None:
+        self.specs = dict(specs)
+        self.cache = BlockCache(cache_bytes)
+        self.fields = {
+            name: BlockField(capacity, step_bytes(*spec), codecs[name], self.cache, owner)
+            for owner, (name, spec) in enumerate(self.specs.items())
+        }
+
+    def write(self, begin: int, first: int, steps: Mapping[str, torch.Tensor]) -> None:
+        """Write each field's steps from slot ``begin`` (``first`` of them, the rest from 0)."""
+        for name, field in self.fields.items():
+            if name not in steps:
+                continue  # a checkpoint fills one field at a time
+            raw = as_raw(steps[name])
+            field.write(begin, raw[:first])
+            if first < raw.shape[0]:
+                field.write(0, raw[first:])
+
+    def gather(self, name: str, slots: np.ndarray) -> torch.Tensor:
+        """Field ``name`` at flat ring ``slots``: ``[len(slots), *shape]``."""
+        return as_values(self.fields[name].gather(slots), *self.specs[name])
+
+    def gather_all(
+        self, positions: torch.Tensor, out: Mapping[str, torch.Tensor] | None
+    ) -> dict[str, torch.Tensor]:
+        """Every field at ring slots ``positions`` (any shape ``S``): ``[*S, *shape]`` each.
+
+        Into ``out``'s tensors where given (`TransitionRing.gather`).
+        """
+        slots, result = positions.reshape(-1).cpu().numpy(), {}
+        for name, (shape, _) in self.specs.items():
+            values = self.gather(name, slots).view(*positions.shape, *shape)
+            result[name] = values if out is None else out[name].copy_(values)
+        return result
+
+    def scatter(self, name: str, slots: np.ndarray, values: torch.Tensor) -> None:
+        """Write ``values[i]`` to slot ``slots[i]`` of field ``name``."""
+        self.fields[name].scatter(slots, as_raw(values.cpu()))
+
+    def export(self, spans: list[tuple[int, int]]) -> Iterator[tuple[str, list[torch.Tensor]]]:
+        """Each field's slots ``(start, count)`` of ``spans``, decoded (copies)."""
+        for name in self.fields:
+            yield (
+                name,
+                [
+                    self.gather(name, np.arange(start, start + count, dtype=np.int64))
+                    for start, count in spans
+                ],
+            )
+
+    def stored_bytes(self, name: str | None = None) -> int:
+        """Bytes of field ``name``'s blocks (``None``: of every field)."""
+        if name is None:
+            return sum(field.stored_bytes for field in self.fields.values())
+        return self.fields[name].stored_bytes
+
+    def cache_bytes(self, name: str) -> int:
+        return self.cache.owned_by(self.fields[name].owner)

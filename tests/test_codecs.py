@@ -1,0 +1,194 @@
+"""Compressed fields (``Field(codec=...)``): batches bit-identical to an uncompressed buffer's.
+
+Every test drives two buffers through the same calls, one with raw fields and one with the
+same fields compressed, and compares what they return: draws, batches, stored episodes,
+checkpoints. The caches are kept small so that blocks are decoded again and again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import comparable
+
+from lucid_replay import Episode, Field, PrioritizedSequenceReplay, SequenceReplay, Window
+
+pytest.importorskip("zstandard")
+pytest.importorskip("lz4")
+
+WINDOWS = [
+    Window(5, burn_in=3, bootstrap=2),
+    Window(4, dilation=2, boundary="stop", allow_partial=True),
+    Window(3, burn_in=2, boundary="include_reset", allow_partial=True),
+]
+
+
+def _schema(codec: str | None, stack: int = 3) -> dict[str, object]:
+    return {
+        "obs": Field((6, 5), torch.uint8, stack=stack, stack_pad="zeros", codec=codec),
+        "reward": Field((), torch.float32, codec=codec),
+        "action": ((), torch.int64),
+    }
+
+
+def _twins(codec: str, kind=PrioritizedSequenceReplay, cache_bytes: int = 1000, **kwargs):
+    plain = kind(200, seed=1, schema=_schema(None), **kwargs)
+    packed = kind(200, seed=1, schema=_schema(codec), cache_bytes=cache_bytes, **kwargs)
+    return plain, packed
+
+
+def _episodes(seed: int, lengths) -> list[Episode]:
+    generator = torch.Generator().manual_seed(seed)
+    episodes = []
+    for n in lengths:
+        frames = torch.randint(0, 4, (n, 6, 5), dtype=torch.uint8, generator=generator)
+        episodes.append(
+            Episode(
+                {
+                    "obs": frames,
+                    "reward": torch.randn(n, generator=generator),
+                    "action": torch.arange(n),
+                }
+            )
+        )
+    return episodes
+
+
+def _same(first: object, second: object) -> None:
+    assert comparable(first) == comparable(second)
+
+
+def _data(batch) -> dict[str, torch.Tensor]:
+    return dict(batch.data)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+@pytest.mark.parametrize("cache_bytes", [0, 1000, 1 << 20])
+def test_whole_episodes_draw_the_same_batches(index_engine, codec, cache_bytes) -> None:
+    plain, packed = _twins(codec, cache_bytes=cache_bytes)
+    for episode in _episodes(0, [17, 40, 33, 80, 9, 60, 71]):  # wraps, evicts
+        assert plain.add(episode) == packed.add(episode)
+    for _ in range(3):
+        for window in WINDOWS:
+            _same(_data(plain.sample_windows(16, window)), _data(packed.sample_windows(16, window)))
+        _same(_data(plain.sample(8, 5)), _data(packed.sample(8, 5)))
+        _same(_data(plain.sample_prioritized(8, 4)), _data(packed.sample_prioritized(8, 4)))
+        for episode in _episodes(1, [13]):
+            plain.add(episode)
+            packed.add(episode)
+    for episode_id in plain.episode_ids:
+        _same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
+    assert packed.memory_report()["total"]["cache_bytes"] <= cache_bytes
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_segmented_streams_draw_the_same_batches(index_engine, codec) -> None:
+    plain, packed = _twins(codec, segment_length=7)
+    rng = np.random.default_rng(4)
+    streams = [(plain.open_episode(), packed.open_episode()) for _ in range(3)]
+    for step in range(60):
+        which = int(rng.integers(3))
+        piece = _episodes(step, [int(rng.integers(1, 9))])[0].steps
+        for stream in streams[which]:
+            stream.append(dict(piece))
+        if step % 10 == 9:
+            for window in WINDOWS[:2]:
+                _same(
+                    _data(plain.sample_windows(12, window)),
+                    _data(packed.sample_windows(12, window)),
+                )
+    assert plain.open_episode_ids == packed.open_episode_ids
+    for episode_id in plain.episode_ids:
+        _same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
+
+
+def test_out_iterate_gather_windows_and_write_back(index_engine) -> None:
+    plain, packed = _twins("zstd")
+    for episode in _episodes(2, [30, 50, 70, 40]):
+        plain.add(episode)
+        packed.add(episode)
+    window = WINDOWS[0]
+    first, second = plain.sample_windows(8, window), packed.sample_windows(8, window)
+    _same(
+        _data(plain.sample_windows(8, window, out=first)),
+        _data(packed.sample_windows(8, window, out=second)),
+    )
+    ids = torch.tensor(list(plain.episode_ids)[:3])
+    steps = torch.tensor([0, 5, 9])
+    _same(
+        _data(plain.gather_windows(ids, steps, window)),
+        _data(packed.gather_windows(ids, steps, window)),
+    )
+    values = torch.randn(first.record_steps.shape)
+    assert plain.write_back(first, "reward", values) == packed.write_back(second, "reward", values)
+    for episode_id in plain.episode_ids:
+        _same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
+    with plain.iterate(4, window) as one, packed.iterate(4, window) as other:
+        for _ in range(3):
+            _same(_data(next(one)), _data(next(other)))
+
+
+def test_checkpoints_round_trip(tmp_path) -> None:
+    plain, packed = _twins("lz4", kind=SequenceReplay)
+    for episode in _episodes(3, [30, 90, 60, 45]):
+        plain.add(episode)
+        packed.add(episode)
+    packed.save(tmp_path / "packed.ckpt")
+    loaded = SequenceReplay.load(tmp_path / "packed.ckpt")
+    assert loaded.schema == packed.schema
+    for window in WINDOWS:
+        _same(_data(plain.sample_windows(10, window)), _data(loaded.sample_windows(10, window)))
+    twin = SequenceReplay(200, schema=_schema("lz4"), cache_bytes=0)
+    twin.load_state_dict(packed.state_dict())  # the state holds the decoded steps
+    _same(_data(twin.sample(4, 6)), _data(packed.sample(4, 6)))
+
+
+def test_compressible_frames_shrink_and_the_cache_stays_bounded() -> None:
+    frames = torch.zeros(400, 84, 84, dtype=torch.uint8)
+    frames[:, 10:20, 10:20] = torch.arange(400, dtype=torch.uint8)[:, None, None]
+    schema = {"obs": Field((84, 84), torch.uint8, stack=4, codec="zstd")}
+    buffer = SequenceReplay(1000, schema=schema, cache_bytes=2 << 20, seed=0)
+    buffer.add(Episode({"obs": frames}))
+    report = buffer.memory_report()["fields"]["obs"]
+    assert report["raw_bytes"] == 400 * 84 * 84
+    assert report["stored_bytes"] * 10 < report["raw_bytes"]
+    buffer.sample_windows(64, Window(20))
+    assert 0 < buffer.memory_report()["fields"]["obs"]["cache_bytes"] <= 2 << 20
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        ({"codec": "gzip"}, ValueError, "codec"),
+        ({"codec": 1}, ValueError, "codec"),
+    ],
+)
+def test_field_refuses_bad_codecs(arguments, error, match) -> None:
+    with pytest.raises(error, match=match):
+        Field((2,), torch.uint8, **arguments)
+
+
+def test_buffers_refuse_what_compressed_fields_cannot_use(tmp_path) -> None:
+    schema = _schema("zstd")
+    for bad in (-1, True, 1.5):
+        with pytest.raises((ValueError, TypeError), match="cache_bytes"):
+            SequenceReplay(10, schema=schema, cache_bytes=bad)
+    with pytest.raises(ValueError, match="storage"):
+        SequenceReplay(10, schema=schema, storage="memmap", directory=tmp_path / "d")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_missing_codec_library_names_the_extra(monkeypatch) -> None:
+    import importlib
+
+    real = importlib.import_module
+
+    def without_lz4(name: str, *args: object):
+        if name.startswith("lz4"):
+            raise ImportError(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_lz4)
+    with pytest.raises(ImportError, match=r"lucid-replay\[compress\]"):
+        Field((2,), torch.uint8, codec="lz4")
