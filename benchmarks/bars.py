@@ -164,6 +164,15 @@ BARS = (
         fmt="{:.2f}x",
         versus="uniform sample_windows",
     ),
+    BarSpec(
+        name="three-way Mixture sample_windows vs Prioritized() alone (same buffer)",
+        numerator="selectors.mixture",
+        denominator="selectors.prioritized",
+        limit=1.3,
+        at_most=True,
+        fmt="{:.2f}x",
+        versus="Prioritized() alone",
+    ),
 )
 # Comparisons shown beside the bars, with no requirement.
 BESIDE = (
@@ -235,6 +244,13 @@ FLAT_BARS = (
         "transitions",
     ),
     FlatSpec(
+        "three-way Mixture sample flat 10k -> 10M transitions",
+        "selectors",
+        "lucid mixture",
+        1.3,
+        "transitions",
+    ),
+    FlatSpec(
         "prioritized sample + update flat 1k -> 1M episodes",
         "scale_episodes",
         "lucid",
@@ -289,7 +305,7 @@ def annotate(rows: list[Row]) -> None:
         )
         if baseline is not None and baseline in measured and row.id != baseline:
             row.ratio, row.ratio_note = _ratio(measured, row.id, baseline), note
-    for group in ("scale_transitions", "scale_episodes"):
+    for group in ("scale_transitions", "scale_episodes", "selectors"):
         for members in _series(rows, group).values():
             first = members[0].median_ms or 1.0
             for row in members:

@@ -12,7 +12,7 @@ from benchmarks.data import Dataset, cycled_episode, record_bytes
 from benchmarks.floor import GatherFloor, RingCopy
 from benchmarks.rows import Row, available_bytes
 from benchmarks.timing import Timing, measure, measure_rounds
-from lucid_replay import Episode, PrioritizedSequenceReplay, Window
+from lucid_replay import Episode, Mixture, PrioritizedSequenceReplay, Window
 
 
 def reference_window(config: Config, *, allow_partial: bool = False) -> Window:
@@ -325,6 +325,7 @@ def scaled_buffer(
     source: Dataset,
     *,
     segment_length: int | None = None,
+    selector: Mixture | None = None,
 ) -> PrioritizedSequenceReplay:
     buffer = PrioritizedSequenceReplay(
         capacity,
@@ -332,6 +333,7 @@ def scaled_buffer(
         beta=config.beta,
         seed=config.seed,
         segment_length=segment_length,
+        selector=selector,
     )
     offset = 0
     for index in range(count):

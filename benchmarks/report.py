@@ -33,6 +33,7 @@ _GROUPS = (
     ("Selection policies", ("selection",)),
     ("Scaling: stored transitions", ("scale_transitions",)),
     ("Scaling: stored episodes", ("scale_episodes",)),
+    ("Selectors: a three-way Mixture beside Prioritized() alone", ("selectors",)),
     ("Storage on a GPU", ("device",)),
 )
 

@@ -17,8 +17,8 @@ Only = Callable[[str], bool]
 class Row:
     id: str
     label: str
-    # "main", "add", "segments", "selection", "scale_transitions", "scale_episodes", "memory",
-    # "device"
+    # "main", "add", "segments", "selection", "selectors", "scale_transitions",
+    # "scale_episodes", "memory", "device"
     group: str
     min_ms: float | None = None
     median_ms: float | None = None

@@ -32,6 +32,7 @@ from benchmarks import (
     scaling,
     segment_rows,
     selection_rows,
+    selector_rows,
     torchrl_rows,
 )
 from benchmarks.bars import evaluate
@@ -53,6 +54,7 @@ GROUPS = (
     "selection",
     "scale.T",
     "scale.E",
+    "selectors",
     "device",
 )
 DEFAULT = "default"
@@ -201,6 +203,9 @@ def measure_pass(args: argparse.Namespace) -> Pass:
     if only("scale.E"):
         log("scaling over episodes")
         rows += scaling.episode_rows(config, dataset, only)
+    if only("selectors"):
+        log("selectors: a three-way mixture beside Prioritized() alone, over transitions")
+        rows += selector_rows.selector_rows(config, dataset, only)
     if only("device"):
         rows += lucid_rows.device_rows(config, dataset, args.device)
     return Pass(

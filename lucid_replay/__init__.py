@@ -23,7 +23,9 @@ from lucid_replay.errors import (
 )
 from lucid_replay.fields import Field
 from lucid_replay.laws import Prioritized, Uniform
+from lucid_replay.mixtures import Mixture
 from lucid_replay.prioritized import PrioritizedSequenceReplay
+from lucid_replay.recency import Recency
 from lucid_replay.replay import SequenceReplay
 from lucid_replay.returns import n_step_returns
 from lucid_replay.streams import EpisodeInfo, EpisodeStream
@@ -42,10 +44,12 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTypeError",
     "LucidReplayError",
+    "Mixture",
     "Prioritized",
     "PrioritizedBatch",
     "PrioritizedSequenceReplay",
     "RateLimiterTimeout",
+    "Recency",
     "ReuseLimitError",
     "SchemaDtypeError",
     "SchemaError",

@@ -89,15 +89,17 @@ class Batch:
 
     Notes
     -----
-    ``probabilities`` are the exact ``P`` with which the selector (`Uniform`, `Prioritized`)
-    drew each anchor: the anchor's own for ``unit="chunk"``, its episode's for
-    ``unit="episode"``. `Uniform`: ``1 / N`` (``N`` eligible anchors, or eligible episodes);
-    `Prioritized`: ``p^alpha / sum p^alpha`` over them. Importance weights are
+    ``probabilities`` are the exact ``P`` with which the selector (`Uniform`, `Prioritized`,
+    `Recency`, `Mixture`) drew each anchor: the anchor's own for ``unit="chunk"``, its
+    episode's for ``unit="episode"``. `Uniform`: ``1 / N`` (``N`` eligible anchors, or
+    eligible episodes); `Prioritized`: ``p^alpha / sum p^alpha`` over them; `Recency`:
+    ``2^(-age / h) / sum``; `Mixture`: ``sum f_k P_k``. Importance weights are
     ``(N P)^-beta / max`` of these. Under a reuse limit (``max_times_sampled``) a draw runs in
     rounds, and an anchor of a later round reports the probability of its round (over the
-    episodes that still had draws left); the weights compare the anchors' masses at the
-    draw's start, so they equal ``(N P)^-beta / max`` whenever the draw took one round.
-    Computed from the drawn rows' masses and the tree's total: O(B).
+    episodes that still had draws left); `Prioritized` weights compare the anchors' masses at
+    the draw's start, so they equal ``(N P)^-beta / max`` whenever the draw took one round
+    (`Recency` and `Mixture` weights always take the reported ``P``). Computed from the drawn
+    rows' masses and the trees' totals: O(B).
     """
 
     data: Mapping[str, torch.Tensor]

@@ -46,9 +46,10 @@ from lucid_replay import files
 from lucid_replay.allocators import Allocator
 from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.errors import CheckpointError
-from lucid_replay.laws import selector_of_state
+from lucid_replay.laws import LawKey
 from lucid_replay.ring import TransitionRing
 from lucid_replay.schema import Schema
+from lucid_replay.selectors import from_key, selector_of_state
 from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module
@@ -108,7 +109,7 @@ class Snapshot:
     episodes_retired: int
     rng: torch.Tensor
     extra: dict[str, Any]
-    trees: list[tuple[int, int, float | None, float]] = attrs.field(factory=list)
+    trees: list[tuple[int, int, LawKey, float]] = attrs.field(factory=list)
 
 
 def pack(snapshot: Snapshot, *, copy: bool = True) -> dict[str, Any]:
@@ -388,8 +389,10 @@ def _checked_data(
     return checked
 
 
-def _checked_trees(saved: object) -> list[tuple[int, int, float | None, float]]:
-    """The saved trees' keys and scales: ``[span >= 1, extra >= 0, alpha, scale > 0]`` each.
+def _checked_trees(saved: object) -> list[tuple[int, int, LawKey, float]]:
+    """The saved trees' keys and scales: ``[span >= 1, extra >= 0, key, scale > 0]`` each.
+
+    ``key``: a law's (`Law.key`): ``None``, an alpha ``>= 0`` or a `Recency` key.
 
     Files written before trees were saved have none (their trees are rebuilt as needed).
     """
@@ -401,14 +404,23 @@ def _checked_trees(saved: object) -> list[tuple[int, int, float | None, float]]:
         span, extra, alpha, scale = entry if ok else (None, None, None, None)
         ints = all(type(v) is int and v >= low for v, low in ((span, 1), (extra, 0)))
         alpha_ok = alpha is None or (type(alpha) is float and math.isfinite(alpha) and alpha >= 0)
+        alpha_ok = alpha_ok or (type(alpha) is str and _law_key_ok(alpha))
         scale_ok = type(scale) is float and math.isfinite(scale) and scale > 0
         if not (ok and ints and alpha_ok and scale_ok):
             raise CheckpointError(
-                "checkpoint trees must be [span >= 1, extra >= 0, alpha, finite scale > 0] "
+                "checkpoint trees must be [span >= 1, extra >= 0, law key, finite scale > 0] "
                 f"entries, got {entry!r}"
             )
         trees.append((int(span), int(extra), alpha, float(scale)))  # type: ignore[arg-type]
     return trees
+
+
+def _law_key_ok(key: str) -> bool:
+    try:
+        from_key(key)
+    except ValueError:
+        return False
+    return True
 
 
 def _count(name: str, value: object) -> int:

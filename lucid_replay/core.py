@@ -18,15 +18,16 @@ from typing import Any
 
 import torch
 
-from lucid_replay import checkpoint, engine, snapshot_checks
+from lucid_replay import checkpoint, engine, mixture_draws, snapshot_checks
 from lucid_replay.allocators import Allocator
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.batching import Batcher
 from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.engine import Array
 from lucid_replay.episode import Episode
-from lucid_replay.errors import CheckpointError
+from lucid_replay.errors import CheckpointError, must
 from lucid_replay.laws import Law, Uniform
+from lucid_replay.mixtures import Mixture
 from lucid_replay.priorities import Priorities
 from lucid_replay.records import Anchors
 from lucid_replay.sampling import AnchorSampler
@@ -93,7 +94,7 @@ class ReplayCore:
             self.store.segments.need_of_trees = self.sampler.trees.max_need
         self.generator = generator
         self.priorities: Priorities | None = None
-        self.law: Law = Uniform()
+        self.law: Law | Mixture = Uniform()
         self.chunks_sampled = 0
         self.epoch_skipped = 0  # anchors epochs skipped (evicted); not in checkpoints
         self.batcher = Batcher()
@@ -122,27 +123,27 @@ class ReplayCore:
         self,
         batch_size: int,
         window: Window,
-        law: Law,
+        law: Law | Mixture,
         weights: bool = False,
         replacement: bool = True,
     ) -> Anchors:
         """Draw fitting anchors (distinct unless ``replacement``), weighted if ``weights``."""
         span, extra = window.anchor_span, _extra(window)
-        sampler = self.sampler
-        drawing = sampler.checked_draw if replacement else partial(draw_distinct, sampler)
-        anchors = drawing(
-            batch_size,
-            span,
-            what=_SpanName(window),
-            law=law,
-            generator=self.generator,
-            extra=extra,
-        )
+        generator, what, sampler = self.generator, _SpanName(window), self.sampler
+        if isinstance(law, Mixture):  # no tree of its own: from its components' trees
+            if not replacement:
+                raise must("replacement", "True with a Mixture selector", replacement)
+            anchors = mixture_draws.draw(
+                sampler, law, batch_size, span, what=what, generator=generator, extra=extra
+            )
+        else:
+            drawing = sampler.checked_draw if replacement else partial(draw_distinct, sampler)
+            anchors = drawing(
+                batch_size, span, what=what, law=law, generator=generator, extra=extra
+            )
         if weights:
             assert self.priorities is not None  # only a prioritized buffer's draws have them
-            drawn = self.priorities.weights(
-                law, anchors, lambda: self.probability(anchors, span, law, extra)
-            )
+            drawn = self.priorities.weights(law, anchors, lambda: anchors.probabilities)
             a = anchors  # the same anchors, with weights
             anchors = Anchors(a.rows, a.episode_ids, a.steps, a.priorities, drawn, a.probabilities)
         self.chunks_sampled += batch_size
@@ -162,7 +163,7 @@ class ReplayCore:
         batch_size: int,
         length: int,
         target: torch.device,
-        law: Law,
+        law: Law | Mixture,
         out: Batch | None = None,
         weights: bool = False,
         replacement: bool = True,
@@ -194,7 +195,7 @@ class ReplayCore:
         batch_size: int,
         window: Window,
         target: torch.device,
-        law: Law,
+        law: Law | Mixture,
         out: WindowBatch | None = None,
         *,
         weights: bool = False,

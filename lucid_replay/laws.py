@@ -1,8 +1,9 @@
 r"""Selection laws: which eligible anchors a draw favours, as values (`Uniform`, `Prioritized`).
 
-The two laws are also the public selectors a buffer takes as ``selector=``; `checked_selector`
-resolves one for a buffer, `selector_state` and `selector_of_state` carry it in a checkpoint's
-configuration. What follows is how the sampler uses them.
+The two laws are also the public selectors a buffer takes as ``selector=``, as are `Recency`
+(`lucid_replay.recency`, a law of this protocol too) and `Mixture` (`lucid_replay.mixtures`,
+drawn from its components' trees); `lucid_replay.selectors` resolves one for a buffer and
+carries it in a checkpoint's configuration. What follows is how the sampler uses a law.
 
 A law gives each table row a *mass* $m$, relative to a scale $s$ it picks when a tree is
 built. The sampler's tree for the law (`lucid_replay.trees`) has one leaf per row,
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import attrs
 import numpy as np
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Prioritized", "Uniform"]
 
-LawKey = float | None  # `Law.key`: None for `Uniform`, alpha for `Prioritized`
+# `Law.key`: None for `Uniform`, alpha for `Prioritized`, a string for `Recency`
+LawKey = float | str | None
+L = TypeVar("L")
 
 
 class Law(Protocol):
@@ -54,11 +57,15 @@ class Law(Protocol):
 
     @property
     def key(self) -> LawKey:
-        """The law's part of its tree's cache key (saved in checkpoints; see `from_key`)."""
+        """The law's part of its tree's cache key (saved in checkpoints; `selectors.from_key`)."""
 
     @property
     def by_priority(self) -> bool:
         """Whether the masses follow the rows' priorities."""
+
+    @property
+    def rescales(self) -> bool:
+        """Whether a tree whose total leaves ``[2**-700, 2**700]`` is rebuilt at a new scale."""
 
     def scale(self, table: EpisodeTable, rows: Array) -> float:
         """The scale of a new tree, from the table ``rows`` with an eligible anchor."""
@@ -123,6 +130,11 @@ class Uniform:
     @property
     def by_priority(self) -> bool:
         """`Law.by_priority`: False."""
+        return False
+
+    @property
+    def rescales(self) -> bool:
+        """`Law.rescales`: False (every mass is 1)."""
         return False
 
     def scale(self, table: EpisodeTable, rows: Array) -> float:
@@ -205,6 +217,11 @@ class Prioritized:
         """`Law.by_priority`: True."""
         return True
 
+    @property
+    def rescales(self) -> bool:
+        """`Law.rescales`: True (priorities may move far from the scale)."""
+        return True
+
     def scale(self, table: EpisodeTable, rows: Array) -> float:
         """`Law.scale`: the largest priority of ``rows`` (1 for none)."""
         if rows.shape[0] == 0:
@@ -239,7 +256,7 @@ class Prioritized:
 
     @property
     def _exponent(self) -> float:
-        assert self.alpha is not None  # a buffer's law: resolved by `checked_selector`
+        assert self.alpha is not None  # a buffer's law: resolved by `selectors.checked_selector`
         return self.alpha
 
 
@@ -248,28 +265,9 @@ def of_flag(prioritized: bool, law: Law) -> Law:
     return law if prioritized else Uniform()
 
 
-def checked_selector(selector: object, alpha: float | None, *, buffer: str) -> Law:
-    """The law of a ``buffer``'s ``selector=`` argument, ``alpha`` its priorities' (or None).
-
-    ``None`` is `Prioritized` at ``alpha`` on a buffer with priorities, else `Uniform`; a
-    `Prioritized` selector takes ``alpha`` unless it carries its own (equal to it: the
-    caller resolved the pair). A buffer without priorities refuses `Prioritized`.
-    """
-    if selector is None:
-        return Uniform() if alpha is None else Prioritized(alpha)
-    if not isinstance(selector, Uniform | Prioritized):
-        raise wrong_type("selector", "None, Uniform() or Prioritized()", selector)
-    if isinstance(selector, Prioritized):
-        if alpha is None:
-            rule = f"None or Uniform() on a {buffer} (it keeps no priorities)"
-            raise must("selector", rule, selector)
-        return Prioritized(alpha)
-    return selector
-
-
 def checked_flag(
-    prioritized: object, selector: Law, alpha: float | None, *, buffer: str
-) -> tuple[Law, bool]:
+    prioritized: object, selector: L, alpha: float | None, *, buffer: str
+) -> tuple[L | Uniform | Prioritized, bool]:
     """The law of a draw's public ``prioritized`` flag, and whether its batch has weights.
 
     ``None``: the ``buffer``'s ``selector``; False: `Uniform`; True: `Prioritized` at the
@@ -283,23 +281,6 @@ def checked_flag(
     if prioritized is None:
         return selector, alpha is not None
     return (Prioritized(alpha) if prioritized else Uniform()), prioritized
-
-
-def selector_state(law: Law, default: Law) -> str | None:
-    """What a checkpoint's configuration keeps of a buffer's law: ``None`` for ``default``."""
-    return None if law == default else type(law).__name__
-
-
-def selector_of_state(state: object) -> Law:
-    """The selector `selector_state` saved (a checkpoint's ``"selector"``)."""
-    if state != "Uniform":  # the only selector that is not a buffer's default
-        raise must("selector", "'Uniform' in a checkpoint's configuration", state)
-    return Uniform()
-
-
-def from_key(key: LawKey) -> Law:
-    """The law whose `Law.key` is ``key`` (a checkpoint's saved tree)."""
-    return Uniform() if key is None else Prioritized(key)
 
 
 def importance_weights(probabilities: Array, beta: float) -> Array:

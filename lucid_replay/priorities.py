@@ -22,6 +22,7 @@ from lucid_replay.checks import as_tensor, check_float
 from lucid_replay.engine import Array
 from lucid_replay.errors import CheckpointError, must, must_have, wrong_kind
 from lucid_replay.laws import Law
+from lucid_replay.mixtures import Mixture
 from lucid_replay.records import Anchors
 
 __all__: list[str] = []  # internal module
@@ -74,7 +75,9 @@ class Priorities:
         self.beta = self.initial_beta + fraction * (final - self.initial_beta)
 
     # --------------------------------------------------------------------- weights
-    def weights(self, law: Law, anchors: Anchors, probability: Callable[[], Array]) -> Array:
+    def weights(
+        self, law: Law | Mixture, anchors: Anchors, probability: Callable[[], Array]
+    ) -> Array:
         """float32 importance weights, at the current beta, of ``anchors`` drawn by ``law``.
 
         ``(N P_i)^-beta / max_j (N P_j)^-beta`` (`Law.weights`; ``probability`` gives the

@@ -13,9 +13,9 @@ from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.checks import as_vector, check_float
 from lucid_replay.errors import must
 from lucid_replay.fields import Field
-from lucid_replay.laws import Prioritized, Uniform
 from lucid_replay.priorities import Priorities, batch_errors
 from lucid_replay.replay import SequenceReplay
+from lucid_replay.selectors import AnySelector, own_alpha
 
 __all__ = ["PrioritizedSequenceReplay"]
 
@@ -42,8 +42,10 @@ class PrioritizedSequenceReplay(SequenceReplay):
         Which anchors `sample_prioritized`, `sample_windows` (``prioritized=None``) and
         `iterate` draw: ``None`` (default) or `Prioritized` by priority at ``alpha``,
         `Uniform` uniformly (batches keep their weights, all 1, and priorities are kept and
-        updated as ever). `sample` and ``prioritized=False`` draw uniformly, and
-        ``prioritized=True`` by priority, whatever it is. A checkpoint keeps it.
+        updated as ever), `Recency` by age, or a `Mixture` of them (its `Prioritized`
+        components take ``alpha``; weights follow the mixture's probabilities). `sample`
+        and ``prioritized=False`` draw uniformly, and ``prioritized=True`` by priority,
+        whatever it is. A checkpoint keeps it.
     priority_unit
         What a priority belongs to on a buffer with ``segment_length``: ``"episode"``
         (default; one priority per episode, shared by its segments, and `update_priorities`
@@ -56,10 +58,11 @@ class PrioritizedSequenceReplay(SequenceReplay):
     ------
     InvalidArgumentError
         If ``alpha`` or ``beta`` is negative, ``epsilon`` is not positive, ``alpha`` differs
-        from the alpha of a `Prioritized` selector that carries one (or for the arguments
+        from the alpha of a `Prioritized` selector (or mixture component) that carries one
+        (or for the arguments
         `SequenceReplay` refuses).
     InvalidTypeError
-        If ``selector`` is not ``None``, `Uniform` or `Prioritized`.
+        If ``selector`` is not ``None``, `Uniform`, `Prioritized`, `Recency` or `Mixture`.
 
     Notes
     -----
@@ -116,7 +119,7 @@ class PrioritizedSequenceReplay(SequenceReplay):
         schema: Mapping[str, tuple[tuple[int, ...], torch.dtype] | Field] | None = None,
         segment_length: int | None = None,
         priority_unit: str = "episode",
-        selector: Uniform | Prioritized | None = None,
+        selector: AnySelector | None = None,
         storage: str = "memory",
         directory: str | os.PathLike[str] | None = None,
         cache_bytes: int = CACHE_BYTES,
@@ -321,7 +324,7 @@ def _alpha_of(alpha: float | None, selector: object) -> float:
     Both given must agree (a buffer has one alpha); ``alpha`` itself is checked by
     `Priorities`.
     """
-    own = selector.alpha if isinstance(selector, Prioritized) else None
+    own = own_alpha(selector)
     if alpha is None:
         return 0.6 if own is None else own
     if own is not None and alpha != own:

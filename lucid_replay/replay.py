@@ -25,12 +25,13 @@ from lucid_replay.episode import Episode
 from lucid_replay.errors import must
 from lucid_replay.fields import Field
 from lucid_replay.iterators import Iterators
-from lucid_replay.laws import Law, Prioritized, Uniform, checked_flag, checked_selector
+from lucid_replay.laws import checked_flag
 from lucid_replay.mapped_files import checked_storage
 from lucid_replay.reporting import Reporting
 from lucid_replay.saving import Checkpointing
 from lucid_replay.schema import Schema
 from lucid_replay.segments import checked_segmenting
+from lucid_replay.selectors import AnySelector, Selector, checked_selector
 from lucid_replay.streams import EpisodeStreams
 from lucid_replay.window import MAX_RECORDS, Window, check_window
 from lucid_replay.without_replacement import checked_replacement
@@ -73,8 +74,8 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         segments first; windows read across segment seams. See the guide "Long and
         continuing episodes".
     selector
-        Which anchors `sample_windows` and `iterate` draw: ``None`` or `Uniform` (the only
-        law of a buffer without priorities; `Prioritized` is refused). See `selector`.
+        Which anchors `sample_windows` and `iterate` draw: ``None`` or `Uniform` (the default
+        here), `Recency`, or a `Mixture` of them (`Prioritized` is refused). See `selector`.
     storage, directory
         ``"memory"`` (default, ``directory=None``): fields in the device's memory.
         ``"memmap"`` (CPU only): each field in a file under ``directory`` (a new or empty
@@ -124,12 +125,11 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         max_times_sampled: int | None = None,
         schema: Mapping[str, tuple[tuple[int, ...], torch.dtype] | Field] | None = None,
         segment_length: int | None = None,
-        selector: Uniform | Prioritized | None = None,
+        selector: AnySelector | None = None,
         storage: str = "memory",
         directory: str | os.PathLike[str] | None = None,
         cache_bytes: int = CACHE_BYTES,
     ) -> None:
-        law = checked_selector(selector, self._alpha_asked, buffer=type(self).__name__)
         declared = None if schema is None else Schema.declared(schema)
         self._capacity = check_int("capacity", capacity, minimum=1, maximum=2**62)
         if unit not in _UNITS:
@@ -140,6 +140,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
             unit,
             self._capacity,
         )
+        law = checked_selector(selector, self._alpha_asked, type(self), unit, segment_length)
         if max_times_sampled is not None:
             max_times_sampled = check_int("max_times_sampled", max_times_sampled, minimum=1)
         self._device = check_device("device", device)
@@ -190,9 +191,9 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         return self._core.sampler.unit
 
     @property
-    def selector(self) -> Uniform | Prioritized:
+    def selector(self) -> AnySelector:
         """The law `sample_windows` and `iterate` draw by (`sample`: uniform), as resolved."""
-        return cast(Uniform | Prioritized, self._core.law)
+        return cast(AnySelector, self._core.law)
 
     @property
     def max_times_sampled(self) -> int | None:
@@ -431,7 +432,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
             batcher = self._core.batcher
             batcher.check_out(out, kind, shape, schema, target, weights=weights, segments=segmented)
 
-    def _draw_law(self, prioritized: object) -> tuple[Law, bool]:
+    def _draw_law(self, prioritized: object) -> tuple[Selector, bool]:
         """The law of a draw's ``prioritized`` and whether it has weights (`checked_flag`)."""
         law, alpha = self._core.law, self._alpha_asked
         return checked_flag(prioritized, law, alpha, buffer=type(self).__name__)

@@ -16,7 +16,7 @@ import torch
 
 from lucid_replay import checkpoint, mapped_files
 from lucid_replay.errors import CheckpointError, must
-from lucid_replay.laws import checked_selector, selector_state
+from lucid_replay.selectors import checked_selector, selector_state
 
 if TYPE_CHECKING:
     from lucid_replay.core import ReplayCore
@@ -174,7 +174,7 @@ class Checkpointing:
                 config["priority_unit"] = store.segments.priority_unit
         priorities = self._core.priorities
         alpha = None if priorities is None else priorities.alpha
-        selector = selector_state(self._core.law, checked_selector(None, alpha, buffer=""))
+        selector = selector_state(self._core.law, checked_selector(None, alpha, type(self)))
         if selector is not None:  # configurations of default selectors stay as they were
             config["selector"] = selector
         return config if priorities is None else {**config, **priorities.config()}

@@ -9,10 +9,12 @@ for each stored episode is (the *leaf law*)
 * ``unit="episode"``: ``[n_e > 0] * m_e`` (every episode with an eligible anchor equally likely),
 
 where ``m_e`` is the selection law's mass (`lucid_replay.laws`: 1 for `Uniform`,
-``(p_e / s) ** alpha`` for `Prioritized`), and then a step uniformly among the episode's
-eligible anchors. The scale ``s`` is the law's, picked when the tree was built; it cancels in
-every probability. A prioritized tree whose total drifts out of ``[2**-700, 2**700]`` (its
-priorities moved by hundreds of orders of magnitude) is rebuilt with a new scale. Retired
+``(p_e / s) ** alpha`` for `Prioritized`, ``2 ** ((c_e - s) / h)`` for `Recency`), and then
+a step uniformly among the episode's eligible anchors. The scale ``s`` is the law's, picked
+when the tree was built; it cancels in every probability. A tree of a law that rescales
+(`Prioritized`, `Recency`) whose total drifts out of ``[2**-700, 2**700]`` (priorities moved by
+hundreds of orders of magnitude, or many half-lives of data arrived) is rebuilt with a new
+scale. Retired
 episodes (reuse limit reached) and evicted rows have leaf 0. The trees are caches of the
 episode table: writers mark rows dirty, and the next draw recomputes exactly those leaves
 (O(k log E)), so ``add`` stays O(1). The law is spelled twice, a screen apart: `leaf_values`
@@ -31,7 +33,8 @@ import torch
 from lucid_replay import engine, sum_tree
 from lucid_replay.directory import Owners
 from lucid_replay.engine import Array
-from lucid_replay.laws import Law, LawKey, from_key
+from lucid_replay.laws import Law, LawKey
+from lucid_replay.selectors import from_key
 from lucid_replay.table import EpisodeTable
 
 __all__: list[str] = []  # internal module
@@ -159,8 +162,8 @@ class Trees:
         if cached is not None and cached.pending and not cached.stale:
             total = self._refresh(cached, span, extra, law)
             low, high = _TOTAL_RANGE
-            if law.by_priority and not low <= total <= high:
-                cached.stale = True  # priorities moved far from the scale: rescale
+            if law.rescales and not low <= total <= high:
+                cached.stale = True  # masses moved far from the scale: rescale
         if cached is None or cached.stale:
             cached = self._build(span, extra, law)
             self._trees[key] = cached

@@ -14,12 +14,12 @@ from lucid_replay import PrioritizedSequenceReplay, SequenceReplay, Window, engi
 from lucid_replay.laws import (
     Prioritized,
     Uniform,
-    from_key,
     importance_weights,
     of_flag,
     priority_weights,
 )
 from lucid_replay.records import Anchors
+from lucid_replay.selectors import from_key
 
 LENGTHS = (3, 5, 8, 13, 4, 9)
 ERRORS = (0.5, 3.0, 1.0, 0.25, 2.0, 1e-3)

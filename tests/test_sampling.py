@@ -40,7 +40,8 @@ from lucid_replay import (
     engine,
     sum_tree,
 )
-from lucid_replay.laws import Prioritized, from_key
+from lucid_replay.laws import Prioritized
+from lucid_replay.selectors import from_key
 
 pytestmark = pytest.mark.usefixtures("index_engine")  # every engine of the index arithmetic
 

@@ -338,18 +338,20 @@ def test_out_batches_carry_the_probabilities_of_their_draw():
         (
             lambda: SequenceReplay(10, selector=Prioritized()),
             InvalidArgumentError,
-            r"^selector must be None or Uniform\(\) on a SequenceReplay \(it keeps no "
+            r"^selector must be without Prioritized\(\) on a SequenceReplay \(it keeps no "
             r"priorities\), got Prioritized\(alpha=None\)$",
         ),
         (
             lambda: PrioritizedSequenceReplay(10, selector="uniform"),
             InvalidTypeError,
-            r"^selector must be None, Uniform\(\) or Prioritized\(\), got 'uniform'$",
+            r"^selector must be None, Uniform\(\), Prioritized\(\), Recency\(half_life\) or "
+            r"Mixture\(\{\.\.\.\}\), got 'uniform'$",
         ),
         (
             lambda: SequenceReplay(10, selector=Uniform),
             InvalidTypeError,
-            r"^selector must be None, Uniform\(\) or Prioritized\(\), got <class",
+            r"^selector must be None, Uniform\(\), Prioritized\(\), Recency\(half_life\) or "
+            r"Mixture\(\{\.\.\.\}\), got <class",
         ),
         (
             lambda: PrioritizedSequenceReplay(10, alpha=0.5, selector=Prioritized(0.7)),
