@@ -10,41 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from benchmarks.bar_specs import Bar, BarSpec, pair_bar, ratio
+from benchmarks.pixel_bars import PIXEL_BARS, PIXEL_BASELINES, pixel_bytes_bars
 from benchmarks.rows import Row
 
-
-@dataclasses.dataclass(frozen=True)
-class BarSpec:
-    """``numerator / denominator`` (row ids), at most or at least ``limit``."""
-
-    name: str
-    numerator: str
-    denominator: str
-    limit: float | None  # None: a comparison shown beside the bars
-    at_most: bool  # True: ratio <= limit; False: ratio >= limit (a speed-up over ``versus``)
-    fmt: str  # how a ratio prints, e.g. "{:.2f}x"
-    versus: str  # how the requirement names the denominator
-
-    @property
-    def requirement(self) -> str:
-        if self.limit is None:
-            return ""
-        if self.at_most:
-            return f"<= {self.limit:g}x {self.versus}"
-        return f">= {self.limit:g}x faster than {self.versus}"
-
-    def format(self, value: float | None) -> str:
-        """``value`` as the bar states it; a speed-up below 1 reads as a slow-down."""
-        if value is None:
-            return ""
-        if not self.at_most and 0 < value < 1:
-            return f"{1 / value:.1f}x slower"
-        return self.fmt.format(value)
-
-    def holds(self, value: float | None) -> bool | None:
-        if value is None or self.limit is None:
-            return None
-        return value <= self.limit if self.at_most else value >= self.limit
+__all__ = ["BARS", "BESIDE", "Bar", "BarSpec", "FlatSpec", "annotate", "evaluate"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,20 +26,6 @@ class FlatSpec:
     series: str
     limit: float
     size_key: str  # the row extra naming the size: "transitions" or "episodes"
-
-
-@dataclasses.dataclass
-class Bar:
-    """A bar's verdict in one pass."""
-
-    name: str
-    requirement: str
-    value: float | None
-    holds: bool | None
-    detail: str
-    by_min: str = ""  # the same ratio from the minima (less sensitive to contention)
-    required: bool = True  # False: a comparison shown beside the bars
-    note: str = ""  # context shown after the verdict
 
 
 def _beside(
@@ -280,14 +236,6 @@ _OWN_BASELINE = {
 }
 
 
-def _ratio(rows: dict[str, Row], top: str, bottom: str, *, minima: bool = False) -> float | None:
-    a, b = rows.get(top), rows.get(bottom)
-    if a is None or b is None:
-        return None
-    x, y = (a.min_ms, b.min_ms) if minima else (a.median_ms, b.median_ms)
-    return None if x is None or not y else x / y
-
-
 def _series(rows: list[Row], group: str) -> dict[str, list[Row]]:
     series: dict[str, list[Row]] = {}
     for row in rows:
@@ -300,30 +248,16 @@ def annotate(rows: list[Row]) -> None:
     """Fill each row's ratio to its group's baseline (or to the smallest size)."""
     measured = {r.id: r for r in rows if r.measured and r.median_ms is not None}
     for row in measured.values():
-        baseline, note = _OWN_BASELINE.get(
+        baseline, note = {**_OWN_BASELINE, **PIXEL_BASELINES}.get(
             row.id, (_BASELINES.get(row.group), _BASELINE_NOTES.get(row.group, ""))
         )
         if baseline is not None and baseline in measured and row.id != baseline:
-            row.ratio, row.ratio_note = _ratio(measured, row.id, baseline), note
+            row.ratio, row.ratio_note = ratio(measured, row.id, baseline), note
     for group in ("scale_transitions", "scale_episodes", "selectors"):
         for members in _series(rows, group).values():
             first = members[0].median_ms or 1.0
             for row in members:
                 row.ratio, row.ratio_note = (row.median_ms or 0.0) / first, "x smallest"
-
-
-def _pair_bar(spec: BarSpec, rows: dict[str, Row]) -> Bar:
-    value = _ratio(rows, spec.numerator, spec.denominator)
-    by_min = _ratio(rows, spec.numerator, spec.denominator, minima=True)
-    return Bar(
-        spec.name,
-        spec.requirement,
-        value,
-        spec.holds(value),
-        "not measured" if value is None else spec.format(value),
-        spec.format(by_min),
-        required=spec.limit is not None,
-    )
 
 
 def _flat_bar(spec: FlatSpec, rows: list[Row]) -> Bar:
@@ -420,7 +354,8 @@ def evaluate(rows: list[Row]) -> list[Bar]:
     """Annotate ``rows`` with their ratios and return every bar's verdict on them."""
     annotate(rows)
     measured = {r.id: r for r in rows if r.measured and r.median_ms is not None}
-    bars = [_pair_bar(spec, measured) for spec in (*BARS, *BESIDE)]
+    pixels = PIXEL_BARS if any(r.group == "pixels" for r in rows) else ()
+    bars = [pair_bar(spec, measured) for spec in (*BARS, *BESIDE, *pixels)]
     bars += [_flat_bar(spec, rows) for spec in FLAT_BARS]
     extra = (_memory_bar(rows), _stream_memory_bar(rows))
-    return bars + [bar for bar in extra if bar is not None]
+    return bars + [bar for bar in extra if bar is not None] + pixel_bytes_bars(rows)

@@ -108,3 +108,55 @@ def plot(path: Path, passes: list[Pass], title: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+    if any(r.group == "pixels_bytes" and r.measured for r in shown[0].rows):
+        pixel_plot(path.with_name(PIXEL_PLOT), shown[0], title)
+
+
+PIXEL_PLOT = "pixels.png"
+_STORAGE_COLOURS = {
+    "lucid.raw": "#1f77b4",
+    "lucid.zstd": "#2ca02c",
+    "lucid.lz4": "#17becf",
+    "torchrl.memmap": "#ff7f0e",
+    "torchrl.compressed": "#d62728",
+}
+
+
+def pixel_plot(path: Path, run: Pass, title: str) -> None:
+    """Stored observation bytes per transition (log scale), grouped by game, a bar per
+    storage, one frame (7,056 B) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in run.rows if r.group == "pixels_bytes" and r.measured]
+    games = list(dict.fromkeys(str(r.extra["game"]) for r in rows))
+    storages = list(dict.fromkeys(str(r.extra["storage"]) for r in rows))
+    labels = {str(r.extra["storage"]): r.label.split(": ", 1)[1] for r in rows}
+    value = {(r.extra["game"], r.extra["storage"]): r.extra["bytes_per_transition"] for r in rows}
+    figure, axis = plt.subplots(figsize=(10, 6))
+    width = 0.8 / max(len(storages), 1)
+    for index, storage in enumerate(storages):
+        heights = [float(value.get((game, storage), 0.0)) for game in games]
+        positions = [g + index * width for g in range(len(games))]
+        axis.bar(
+            positions,
+            heights,
+            width=width,
+            color=_STORAGE_COLOURS.get(storage, "C4"),
+            label=labels[storage],
+        )
+        for x, height in zip(positions, heights, strict=True):
+            axis.text(x, height * 1.08, f"{height:,.0f}", ha="center", fontsize=7, rotation=90)
+    axis.axhline(84 * 84, color="#555555", linestyle=":", linewidth=1, label="one 84x84 frame")
+    axis.set_xticks([g + 0.4 - width / 2 for g in range(len(games))], games)
+    axis.set_yscale("log")
+    axis.set_ylim(top=axis.get_ylim()[1] * 4)
+    axis.set_ylabel("stored observation bytes per transition (log)")
+    axis.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=3)
+    axis.grid(True, axis="y", which="both", alpha=0.3)
+    figure.suptitle(textwrap.shorten(title, 140, placeholder="..."), fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

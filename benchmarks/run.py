@@ -7,6 +7,12 @@ same passes with a tuned allocator, reported beside them. Rows report min and me
 ``--reps`` timed calls after warm-up, and minor page faults per call. The passes are merged
 into ``benchmarks/results/results.json`` (``quick.json`` with ``--quick``) and a plot next to
 it, and the report is printed as markdown (``--page`` also writes it into the page).
+
+The ``pixels`` group (`benchmarks.pixel_rows`) measures real Atari frames cached by
+``python -m benchmarks.atari`` (collected on first use when ale-py is installed, else not
+measured): about three minutes a pass on two cores, mostly loading 3 x 1.4 GB of frames,
+with at most 10 timed calls per row, ``--quick`` or not. ``--only pixels --threads 1`` runs
+it alone, in one pass.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from benchmarks import (
     environment,
     lucid_rows,
     naive,
+    pixel_rows,
     report,
     results_file,
     scaling,
@@ -56,6 +63,7 @@ GROUPS = (
     "scale.E",
     "selectors",
     "device",
+    "pixels",
 )
 DEFAULT = "default"
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +147,6 @@ def measure_pass(args: argparse.Namespace) -> Pass:
     load_before = os.getloadavg()
     began = time.perf_counter()
     torch.manual_seed(config.seed)
-    rows: list[Row] = []
 
     def log(message: str) -> None:
         tag = f"{torch.get_num_threads()} thread(s), {args.allocator}"
@@ -147,6 +154,12 @@ def measure_pass(args: argparse.Namespace) -> Pass:
             f"[{time.perf_counter() - began:6.1f} s, {tag}] {message}", file=sys.stderr, flush=True
         )
 
+    rows: list[Row] = []
+    if only("pixels"):
+        log("pixels: real Atari frames, stacks, codecs, memmap, beside TorchRL's storages")
+        rows += pixel_rows.pixel_rows(config, only)
+    if not any(only(group) for group in GROUPS if group != "pixels"):
+        return _pass(args, threads, allocator, load_before, began, rows)
     log(f"data set: >= {config.transitions} transitions, {config.min_len}..{config.max_len} steps")
     dataset = reference_dataset(config)
     errors = lucid_rows.window_errors(config)
@@ -208,6 +221,17 @@ def measure_pass(args: argparse.Namespace) -> Pass:
         rows += selector_rows.selector_rows(config, dataset, only)
     if only("device"):
         rows += lucid_rows.device_rows(config, dataset, args.device)
+    return _pass(args, threads, allocator, load_before, began, rows)
+
+
+def _pass(
+    args: argparse.Namespace,
+    threads: str,
+    allocator: str,
+    load_before: tuple[float, float, float],
+    began: float,
+    rows: list[Row],
+) -> Pass:
     return Pass(
         threads=torch.get_num_threads(),
         torch_default=threads == DEFAULT,

@@ -5,8 +5,10 @@ are cut into blocks of `BLOCK_STEPS` consecutive slots, each kept as one compres
 of its raw bytes (`BlockField`). The ring writes slots in order, so exactly one block is
 being written at a time: it stays raw (the *head*) until the writes move on, and is then
 compressed. A gather decodes only the blocks its slots fall in, through the buffer's one
-`BlockCache` of decoded blocks (at most ``cache_bytes``), and copies the slots out: the
-bytes are the ones written, so a batch is bit-identical to an uncompressed buffer's.
+`BlockCache` of decoded blocks (at most ``cache_bytes``), lays them side by side in a
+transient arena (at most `ARENA_BYTES` at a time, freed when the gather returns) and copies
+every slot from there straight into the batch: the bytes are the ones written, so a batch is
+bit-identical to an uncompressed buffer's.
 
 Both libraries release the GIL while they compress and decode, so a background thread
 (``iterate``'s prefetch) decodes while the learner's thread runs. The codecs are the extra
@@ -33,6 +35,7 @@ BLOCK_STEPS: Final = 32  # slots per compressed block: the unit a gather decodes
 _LIBRARIES: Final = {"zstd": "zstandard", "lz4": "lz4.block"}
 _ZSTD_LEVEL: Final = 1  # fast; frames of pixels compress ~10x at any level
 CACHE_BYTES: Final = 256 << 20  # a buffer's decoded blocks, by default
+ARENA_BYTES: Final = 256 << 20  # the most decoded blocks a gather lays side by side at once
 
 
 def codec_module(codec: str) -> ModuleType:
@@ -157,20 +160,35 @@ class BlockField:
             self.staging[within : within + count] = raw[:count]
             raw, slot = raw[count:], slot + count
 
-    def gather(self, slots: np.ndarray) -> np.ndarray:
-        """The bytes of ring ``slots`` (flat int64): ``[len(slots), step_bytes]`` uint8."""
-        out = np.empty((slots.shape[0], self.step_bytes), dtype=np.uint8)
+    def gather(self, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The bytes of ring ``slots`` (flat int64): ``[len(slots), step_bytes]`` uint8.
+
+        Into ``out`` (C-contiguous, of that shape) where given. The blocks touched are
+        decoded (or found in the cache) and laid side by side in an arena of at most
+        `ARENA_BYTES`, from which one ``index_select`` copies every slot to its place: one
+        pass over the output, whatever order the slots come in.
+        """
+        if out is None:
+            out = np.empty((slots.shape[0], self.step_bytes), dtype=np.uint8)
         if not slots.shape[0]:
             return out
         blocks = slots // BLOCK_STEPS
-        order = np.argsort(blocks, kind="stable")
-        touched, starts = np.unique(blocks[order], return_index=True)
-        ends = np.append(starts[1:], order.shape[0])
-        for block, start, stop in zip(
-            touched.tolist(), starts.tolist(), ends.tolist(), strict=True
-        ):
-            picked = order[start:stop]  # positions in `slots` within this block
-            out[picked] = self._decoded(block)[slots[picked] - block * BLOCK_STEPS]
+        touched, inverse = np.unique(blocks, return_inverse=True)
+        within = torch.from_numpy(slots - blocks * BLOCK_STEPS)
+        inverse_t, target = torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(out)
+        per = max(ARENA_BYTES // (BLOCK_STEPS * self.step_bytes), 1)  # blocks an arena holds
+        arena = np.empty((min(per, touched.shape[0]) * BLOCK_STEPS, self.step_bytes), np.uint8)
+        for first in range(0, touched.shape[0], per):
+            for i, block in enumerate(touched[first : first + per].tolist()):
+                decoded = self._decoded(block)
+                arena[i * BLOCK_STEPS : i * BLOCK_STEPS + decoded.shape[0]] = decoded
+            index = (inverse_t - first) * BLOCK_STEPS + within
+            source = torch.from_numpy(arena)
+            if first == 0 and touched.shape[0] <= per:  # every slot: straight into `out`
+                torch.index_select(source, 0, index, out=target)
+                break
+            picked = torch.nonzero((inverse_t >= first) & (inverse_t < first + per)).view(-1)
+            target.index_copy_(0, picked, source.index_select(0, index[picked]))
         return out
 
     def scatter(self, slots: np.ndarray, raw: np.ndarray) -> None:
@@ -275,9 +293,17 @@ class CompressedFields:
             if first < raw.shape[0]:
                 field.write(0, raw[first:])
 
-    def gather(self, name: str, slots: np.ndarray) -> torch.Tensor:
-        """Field ``name`` at flat ring ``slots``: ``[len(slots), *shape]``."""
-        return as_values(self.fields[name].gather(slots), *self.specs[name])
+    def gather(self, name: str, slots: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Field ``name`` at flat ring ``slots``: ``[len(slots), *shape]``.
+
+        Into ``out`` (of that shape and the field's dtype) where given.
+        """
+        direct = out is not None and out.device.type == "cpu" and out.is_contiguous()
+        if out is not None and direct and not (out.is_conj() or out.is_neg()):
+            self.fields[name].gather(slots, as_raw(out))  # writes through to `out`
+            return out
+        values = as_values(self.fields[name].gather(slots), *self.specs[name])
+        return values if out is None else out.copy_(values)
 
     def gather_all(
         self, positions: torch.Tensor, out: Mapping[str, torch.Tensor] | None

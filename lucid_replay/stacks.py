@@ -125,7 +125,7 @@ def _gather_compressed(
         slots = ring.slots(offsets.reshape(-1), table.oldest_offset).cpu().numpy()
         for name in names:
             shape = compressed.specs[name][0]
-            out[name].view(count * frames, *shape).copy_(compressed.gather(name, slots))
+            compressed.gather(name, slots, out[name].view(count * frames, *shape))
         if pad == "zeros" and before is not None:
             _zero(out, names, count * frames, before)
 

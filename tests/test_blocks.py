@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -56,3 +58,33 @@ def test_compression_shrinks_repetitive_frames():
         field.write(0, frame)
         field.seal()
         assert field.stored_bytes * 10 < frame.nbytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    codec=st.sampled_from(["zstd", "lz4"]),
+    capacity=st.integers(1, 5 * BLOCK_STEPS + 7),
+    step_bytes=st.integers(1, 9),
+    arena_blocks=st.integers(0, 4),
+    cache_blocks=st.integers(0, 2),
+    seed=st.integers(0, 2**31),
+)
+def test_gathers_through_arenas_of_any_size_into_out(
+    codec, capacity, step_bytes, arena_blocks, cache_blocks, seed
+):
+    """Slots gathered in arenas of a few blocks at a time (or less than one), into a given
+    output, equal the written bytes, in the slots' order and with repeats."""
+    rng = np.random.default_rng(seed)
+    reference = rng.integers(0, 4, (capacity, step_bytes)).astype(np.uint8)
+    field = BlockField(capacity, step_bytes, codec, BlockCache(cache_blocks * 32), owner=0)
+    field.write(0, reference[: capacity - 3 if capacity > 3 else capacity])  # head stays raw
+    if capacity > 3:
+        field.write(capacity - 3, reference[capacity - 3 :])
+    slots = rng.integers(0, capacity, 3 * capacity).astype(np.int64)
+    arena = arena_blocks * BLOCK_STEPS * step_bytes
+    with mock.patch("lucid_replay.blocks.ARENA_BYTES", arena):
+        out = np.full((slots.shape[0], step_bytes), 255, dtype=np.uint8)
+        assert field.gather(slots, out) is out
+        assert np.array_equal(out, reference[slots])
+        assert np.array_equal(field.gather(slots[::-1].copy()), reference[slots[::-1]])
+        assert field.gather(slots[:0]).shape == (0, step_bytes)

@@ -74,3 +74,16 @@ def test_torchrl_dqn_smoke_run_trains_on_collector_batches(tmp_path):
     lines = output.strip().splitlines()
     assert re.fullmatch(r"stored \d+ episodes", lines[-2])
     assert re.fullmatch(r"final evaluation return: \d+\.\d", lines[-1])
+
+
+def test_atari_pixels_stores_compressed_frames_and_samples_stacks(tmp_path):
+    """A few hundred Pong steps go through the writer into a zstd, stack=4 buffer; the
+    memory report and the iterate rate are printed, and batches hold [4, 84, 84] stacks."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("zstandard")
+    output = _run("atari_pixels.py", "--steps", "400", "--batches", "3", cwd=tmp_path)
+    assert re.search(r"collected \d+ records in [1-9]\d* episodes", output)
+    smaller = re.search(r"\((\d+\.\d)x smaller, [\d,]+ B per step", output)
+    assert smaller is not None and float(smaller.group(1)) > 2.0, output
+    assert re.search(r"batch observation: \(32, \d+, 4, 84, 84\) torch\.uint8", output)
+    assert re.search(r"iterate\(prefetch=2\): \d+\.\d batches/s", output)
