@@ -13,6 +13,7 @@ Shards of a distributed replay draw through `draw_round`, which runs the same st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -255,14 +256,17 @@ class ReplayCore:
         law: Law,
         *,
         chunks: bool,
-    ) -> tuple[Batch | WindowBatch, Array, torch.Tensor]:
+        probe: Callable[[Array], Any] | None = None,
+    ) -> tuple[Batch | WindowBatch, Array, torch.Tensor, Any]:
         """One round of a draw coordinated across several buffers (see `AnchorSampler.draw_round`).
 
         ``count`` draws of ``window`` (or of chunks of ``window.length`` steps), the ones the
         reuse limit refuses dropped without a redraw. Returns the batch of the kept draws
         (no weights: the coordinator computes them over the merged batch), their priorities
         (an `engine` array, ``None`` unless ``law`` is by priority) and which of the draws
-        were kept (bool ``[count]``, on the CPU). The caller checks that the mass is positive.
+        were kept (bool ``[count]``, on the CPU), and what ``probe`` returns of the kept
+        rows (called before retired rows are reclaimed; ``None`` without one). The caller
+        checks that the mass is positive.
         """
         anchors, kept = self.sampler.draw_round(
             count,
@@ -271,6 +275,7 @@ class ReplayCore:
             generator=self.generator,
             extra=_extra(window),
         )
+        probed = None if probe is None else probe(anchors.rows)
         drawn = int(anchors.steps.shape[0])
         self.chunks_sampled += drawn
         batch: Batch | WindowBatch
@@ -291,7 +296,7 @@ class ReplayCore:
         else:
             batch = self.assemble(anchors, window, target)
         self.store.reclaim_retired()
-        return batch, anchors.priorities, kept
+        return batch, anchors.priorities, kept, probed
 
     def num_eligible(self, window: Window) -> int:
         """Anchors (or episodes) a uniform draw of ``window`` chooses from now."""

@@ -19,7 +19,17 @@ import pytest
 import torch
 from conftest import make_episode
 
-from lucid_replay import CheckpointError, Episode, EpisodeWriter, InvalidArgumentError, Window
+from lucid_replay import (
+    CheckpointError,
+    Episode,
+    EpisodeWriter,
+    Field,
+    InvalidArgumentError,
+    Mixture,
+    Prioritized,
+    Uniform,
+    Window,
+)
 from lucid_replay.distributed import MinSize, SampleToInsertRatio, ShardedReplay, ids
 
 ray = pytest.importorskip("ray", reason='needs Ray: pip install "lucid-replay[distributed]"')
@@ -122,6 +132,31 @@ class _Collector:
 
     def run(self, steps: int) -> list[int]:
         return _collect(self.client, steps)
+
+
+def test_ray_shards_with_a_mixture_schema_and_memmap_draw_what_local_shards_draw(cluster, tmp_path):
+    """selector=, schema= and storage="memmap" reach Ray shards: same seed, same calls, the
+    same batches (probabilities and weights included) as in-process shards in memory."""
+    mixture = Mixture({Prioritized(): 0.7, Uniform(): 0.3})
+    schema = {"serial": ((), torch.int64), "obs": Field((2,), torch.float32, stack=2)}
+    schema["done"] = ((), torch.bool)
+    options = {"seed": 5, "selector": mixture, "schema": schema}
+    remote = ShardedReplay.create(
+        2, 2000, backend="ray", storage="memmap", directory=tmp_path / "m", **options
+    )
+    local = ShardedReplay.create(2, 2000, backend="local", **options)
+    try:
+        for replay in (remote, local):
+            replay.extend(make_episode(n, first_serial=100 * n) for n in (4, 9, 6, 12, 3))
+        assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["shard_0", "shard_1"]
+        for _ in range(2):
+            a, b = remote.sample_windows(16, WINDOW), local.sample_windows(16, WINDOW)
+            assert torch.equal(a.episode_ids, b.episode_ids) and torch.equal(a["obs"], b["obs"])
+            assert torch.equal(a.probabilities, b.probabilities)
+            assert torch.equal(a.weights, b.weights)
+    finally:
+        remote.close()
+        local.close()
 
 
 def test_a_killed_shard_restarts_from_its_checkpoint(cluster, tmp_path):

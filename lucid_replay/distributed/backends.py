@@ -85,6 +85,8 @@ def start(
         started.append(control)
         if saved is not None:
             get(control.restore.remote(saved["control"]))
+        if config.get("schema") is not None:  # declared: every shard stores it from the start
+            get(control.propose_schema.remote(config["schema"]))
         reference = control if backend == "local" else f"lucid_replay-control-{replay}"
         shards = []
         for k in range(config["num_shards"]):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -15,17 +15,22 @@ import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.checkpoints as checkpoints
 import lucid_replay.distributed.coordination as coordination
 import lucid_replay.distributed.draw as draw
+import lucid_replay.distributed.options as options
 import lucid_replay.distributed.routing as routing
 import lucid_replay.distributed.settings as settings
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
-from lucid_replay.checks import check_device, check_float, check_int
+from lucid_replay.blocks import CACHE_BYTES
+from lucid_replay.checks import check_device, check_int
 from lucid_replay.distributed.control import summary
 from lucid_replay.distributed.episode_streams import ShardedStreams
+from lucid_replay.distributed.lifecycle import ClientLife, ClientPriorities
 from lucid_replay.distributed.limiter import RateLimiterConfig
 from lucid_replay.distributed.stream import BatchStream
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must
+from lucid_replay.fields import Field
+from lucid_replay.laws import Uniform
 from lucid_replay.schema import Schema
+from lucid_replay.selectors import AnySelector
 from lucid_replay.window import Window
 
 __all__ = ["ShardedReplay"]
@@ -33,7 +38,7 @@ __all__ = ["ShardedReplay"]
 _MAX_PREFETCH = 2**16
 
 
-class ShardedReplay(ShardedStreams):
+class ShardedReplay(ClientLife, ClientPriorities, ShardedStreams):
     r"""A prioritized sequence replay split over shards, drawing exactly what one buffer would.
 
     Build it with `create` (or `load`). Each shard is a `PrioritizedSequenceReplay` of
@@ -48,9 +53,12 @@ class ShardedReplay(ShardedStreams):
     (shard ``k`` with probability $Z_k / Z$), lets each shard draw its count from its own
     tree and puts the draws back at their positions: the single buffer's law over all
     stored episodes, and weights $(\min p / p)^{\alpha\beta}$ normalised over the whole
-    batch (the guide "Scaling out" derives it). Episode ids pack the shard, its
-    incarnation and the shard's own id (`lucid_replay.distributed.ids`), so they never
-    repeat, also across shard restarts.
+    batch (the guide "Scaling out" derives it). ``selector=`` draws by `Uniform`,
+    `Prioritized` or a `Mixture` of them with the same exact law over every shard, and
+    ``batch.probabilities`` is each anchor's global probability
+    (`lucid_replay.distributed.draw`). Episode ids pack the shard, its incarnation and the
+    shard's own id (`lucid_replay.distributed.ids`), so they never repeat, also across
+    shard restarts.
 
     With ``segment_length``, `open_episode` streams an episode onto one shard, chosen
     round robin when it is opened (`lucid_replay.distributed.episode_streams`); batches
@@ -83,6 +91,7 @@ class ShardedReplay(ShardedStreams):
         self._control = control
         self._beta = float(config["beta"])
         self._rng = np.random.default_rng(settings.coordinator_seed(config["seed"]))
+        self._law = options.law_of(config)
         self._cursor = 0
         self._issued: list[Any] = [None] * len(shards)  # marks: see routing.check_issued
         self._issued_segments: list[Any] = [None] * len(shards)
@@ -111,6 +120,11 @@ class ShardedReplay(ShardedStreams):
         checkpoint_every: int | None = None,
         segment_length: int | None = None,
         priority_unit: str = "episode",
+        selector: AnySelector | None = None,
+        schema: Mapping[str, tuple[tuple[int, ...], torch.dtype] | Field] | None = None,
+        storage: str = "memory",
+        directory: str | os.PathLike[str] | None = None,
+        cache_bytes: int = CACHE_BYTES,
     ) -> ShardedReplay:
         """Start ``num_shards`` shards of ``capacity // num_shards`` transitions each.
 
@@ -145,6 +159,18 @@ class ShardedReplay(ShardedStreams):
             a shard's capacity): episodes are stored in segments and can be streamed
             (`open_episode`), each onto one shard. ``priority_unit="segment"`` keys
             priorities by global segment id (batch ``segment_ids``, `update_priorities`).
+        selector
+            As `PrioritizedSequenceReplay`: ``None`` (`Prioritized`), `Uniform`,
+            `Prioritized` or a `Mixture` of them, with the single buffer's law over every
+            shard and ``batch.probabilities`` the exact global ``P``. A `Prioritized` that
+            carries its own alpha must carry ``alpha``. `Recency` (also in a mixture) is
+            refused: its age counts transitions added to every shard.
+        schema, cache_bytes
+            As `SequenceReplay` (`Field` stacks and codecs included), for every shard.
+        storage, directory
+            As `SequenceReplay`: ``"memmap"`` keeps shard ``k``'s fields under
+            ``directory/shard_<k>`` (``directory`` new or empty). A restarted shard clears
+            its directory and reloads its restart file into fresh files.
 
         Raises
         ------
@@ -152,14 +178,32 @@ class ShardedReplay(ShardedStreams):
             For a value out of range (``capacity < num_shards``, an unknown ``unit`` or
             ``backend``, ``checkpoint_every`` without ``checkpoint_dir``, a
             ``segment_length`` beyond a shard's capacity, ``priority_unit="segment"``
-            without ``segment_length`` or with ``unit="episode"``, ...).
+            without ``segment_length`` or with ``unit="episode"``, a ``selector`` holding
+            `Recency`, ``directory`` with ``storage="memory"``, a memmap ``directory``
+            that is not new or empty, ...).
         TypeError
-            For a ``rate_limiter`` of another type, or a non-integer count.
+            For a ``rate_limiter`` or ``selector`` of another type, a bad ``schema``, or a
+            non-integer count.
 
         Returns
         -------
         ShardedReplay
             The client (the learner's; pickle it to add from other processes).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from lucid_replay import Episode, Mixture, Prioritized, Uniform, Window
+        >>> mixture = Mixture({Prioritized(): 0.5, Uniform(): 0.5})
+        >>> local = {"seed": 0, "backend": "local"}
+        >>> replay = ShardedReplay.create(2, 1000, selector=mixture, **local)
+        >>> ids = replay.extend(Episode({"obs": torch.zeros(n)}) for n in (3, 5))
+        >>> replay.update_priorities([ids[1]], [3.0])  # 3 anchors of Window(3)
+        1
+        >>> batch = replay.sample_windows(4, Window(3))  # (3**0.6 / Z + 1/4) / 2
+        >>> batch.probabilities.round(decimals=4).tolist()
+        [0.2672, 0.2672, 0.2672, 0.2672]
+        >>> replay.close()
         """
         config = settings.checked(
             num_shards=num_shards,
@@ -176,6 +220,11 @@ class ShardedReplay(ShardedStreams):
             checkpoint_every=checkpoint_every,
             segment_length=segment_length,
             priority_unit=priority_unit,
+            selector=selector,
+            schema=schema,
+            storage=storage,
+            directory=directory,
+            cache_bytes=cache_bytes,
         )
         return cls._start(config, None, None)
 
@@ -183,6 +232,7 @@ class ShardedReplay(ShardedStreams):
     def _start(
         cls, config: dict[str, Any], saved: dict[str, Any] | None, paths: list[str] | None
     ) -> ShardedReplay:
+        options.claim_check(config["directory"])
         shards, control = backends.start(config, saved, paths)
         return cls(config, shards, control)
 
@@ -193,6 +243,7 @@ class ShardedReplay(ShardedStreams):
         *,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int | None = None,
+        storage_directory: str | os.PathLike[str] | None = None,
     ) -> ShardedReplay:
         """Restart a replay written by `save`, with its backend and configuration.
 
@@ -211,6 +262,10 @@ class ShardedReplay(ShardedStreams):
             ``checkpoint_dir`` was (that replay may still be running and using it); pass the
             saved directory again to continue a run that stopped. Without one, a restarted
             shard reloads its file in ``directory`` while a later save has not replaced it.
+        storage_directory
+            For a replay saved with ``storage="memmap"``: where the loaded shards keep their
+            files (``storage_directory/shard_<k>``; new or empty). ``None``: the saved
+            replay's ``directory``, which must be empty by then.
 
         Raises
         ------
@@ -227,6 +282,7 @@ class ShardedReplay(ShardedStreams):
         manifest = checkpoints.read_manifest(directory)
         paths = checkpoints.bound_files(directory, manifest)
         config = {**manifest["config"], "checkpoint_dir": restart_dir, "checkpoint_every": every}
+        config["directory"] = options.checked_storage_directory(config, storage_directory)
         replay = cls._start(config, manifest, paths)
         checkpoints.adopt(replay, manifest)
         return replay
@@ -244,6 +300,11 @@ class ShardedReplay(ShardedStreams):
     def capacity(self) -> int:
         """Transitions all shards hold together: ``num_shards * shard_capacity``."""
         return int(self._config["num_shards"] * self._config["shard_capacity"])
+
+    @property
+    def selector(self) -> AnySelector:
+        """What `sample_prioritized`, `sample_windows` and `iterate` draw by, as resolved."""
+        return cast(AnySelector, self._law)
 
     @property
     def beta(self) -> float:
@@ -289,7 +350,10 @@ class ShardedReplay(ShardedStreams):
         timeout: float | None = None,
     ) -> Batch:
         """Chunks of ``length`` steps drawn uniformly over every shard (as `SequenceReplay`)."""
-        return self._chunks(batch_size, length, device, timeout, prioritized=False)
+        spec = draw.chunk_spec(batch_size, length, Uniform(), weights=False)
+        batch = self._draw(spec, device, timeout)
+        assert isinstance(batch, Batch)
+        return batch
 
     def sample_prioritized(
         self,
@@ -299,17 +363,10 @@ class ShardedReplay(ShardedStreams):
         device: torch.device | str | None = None,
         timeout: float | None = None,
     ) -> PrioritizedBatch:
-        """Chunks drawn by priority over every shard, weights normalised over the batch."""
-        batch = self._chunks(batch_size, length, device, timeout, prioritized=True)
-        assert isinstance(batch, PrioritizedBatch)  # a prioritized draw has weights
-        return batch
-
-    def _chunks(
-        self, batch_size: int, length: int, device: Any, timeout: Any, *, prioritized: bool
-    ) -> Batch:
-        spec = draw.chunk_spec(batch_size, length, prioritized, self.alpha)
+        """Chunks drawn by the `selector` over every shard, weights normalised over the batch."""
+        spec = draw.chunk_spec(batch_size, length, self._law, weights=True)
         batch = self._draw(spec, device, timeout)
-        assert isinstance(batch, Batch)
+        assert isinstance(batch, PrioritizedBatch)  # a prioritized draw has weights
         return batch
 
     def sample_windows(
@@ -323,10 +380,11 @@ class ShardedReplay(ShardedStreams):
     ) -> WindowBatch:
         """Anchors drawn over every shard and expanded into ``window`` (see `Window`).
 
-        ``prioritized=None`` means prioritized. The law and weights are the single buffer's
+        ``prioritized=None`` means the `selector` (True: by priority, False: uniformly,
+        without weights). The law, ``probabilities`` and weights are the single buffer's
         over all stored episodes; `RateLimiterTimeout` after ``timeout`` seconds of waiting.
         """
-        spec = draw.window_spec(batch_size, window, prioritized, self.alpha)
+        spec = draw.window_spec(batch_size, window, prioritized, self._law, self.alpha)
         batch = self._draw(spec, device, timeout)
         assert isinstance(batch, WindowBatch)
         return batch
@@ -349,60 +407,11 @@ class ShardedReplay(ShardedStreams):
         The shards draw the next batches while the learner computes on this one; see
         `lucid_replay.distributed.stream` for the order of reads and draws.
         """
-        spec = draw.window_spec(batch_size, window, None, self.alpha)
+        spec = draw.window_spec(batch_size, window, None, self._law, self.alpha)
         check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
         target = check_device("device", "cpu" if device is None else device)
         timeout = settings.checked_timeout(timeout)
         return BatchStream(self, spec, prefetch, target, timeout)
-
-    # ----------------------------------------------------------------------- priorities
-    def update_priorities(self, indices: Any, errors: Any) -> int:
-        """Set priorities of global ids ``indices`` to ``|errors| + epsilon``, routed by id.
-
-        Episode ids, or segment ids under ``priority_unit="segment"`` (``batch.indices``).
-
-        Evicted ids and ids lost with a shard's earlier incarnation are skipped (counted in
-        ``stats()["priority_updates_skipped"]``); duplicates take the max. Returns how many
-        distinct episodes were applied. The maximum priority stays global: new episodes on
-        every shard start at the largest priority set anywhere.
-
-        Raises
-        ------
-        InvalidArgumentError
-            For lengths that differ, a NaN or infinite error, or an id no shard issued;
-            nothing is updated on any shard then.
-        """
-        self._check_open()
-        return routing.update(self, indices, errors)
-
-    def update_priorities_from(
-        self, batch: WindowBatch, errors: Any, *, eta: float = 0.9, mask: Any = None
-    ) -> int:
-        """R2D2's per-window priorities from per-record errors, routed to the shards.
-
-        As `PrioritizedSequenceReplay.update_priorities_from` (``eta * max + (1 - eta) *
-        mean`` over the counted records; ``[B]`` errors as they are).
-        """
-        self._check_open()
-        return routing.from_batch(self, batch, errors, eta=eta, mask=mask)
-
-    def write_back(self, batch: Batch | WindowBatch, name: str, values: torch.Tensor) -> int:
-        """Write per-record ``values`` ``[B, W, ...]`` into stored field ``name``, per shard.
-
-        As `SequenceReplay.write_back` (refreshed recurrent states): records of episodes
-        evicted or lost since the draw are skipped. Returns how many records were written.
-        """
-        self._check_open()
-        return routing.write_back(self, batch, name, values)
-
-    def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
-        """``beta = beta0 + fraction * (final - beta0)`` on the client and every shard."""
-        fraction = check_float("fraction", fraction, minimum=0.0, maximum=1.0)
-        final = check_float("final", final, minimum=0.0)
-        self._check_open()
-        calls.get([s.anneal_beta.remote(fraction, final) for s in self._shards])
-        beta0 = self._config["beta"]
-        self._beta = beta0 + fraction * (final - beta0)
 
     # ------------------------------------------------------------------------ reporting
     def stats(self) -> dict[str, Any]:
@@ -433,33 +442,3 @@ class ShardedReplay(ShardedStreams):
         self._check_open()
         with self._lock:
             checkpoints.save_replay(self, directory)
-
-    def close(self) -> None:
-        """Stop the shards (Ray actors end); the client refuses calls afterwards."""
-        if self._closed:
-            return
-        self._closed = True
-        for handle in [*self._shards, self._control]:
-            backends.kill(handle)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise must("the replay", "open (not closed)", "closed")
-
-    def __enter__(self) -> ShardedReplay:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------------ pickling
-    def __getstate__(self) -> dict[str, Any]:
-        return backends.pickled(self._config["backend"], self.__dict__)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.RLock()
-        self._rng = np.random.default_rng()  # a copy draws its own labels
-        self._cursor = int(self._rng.integers(self._config["num_shards"]))
-        self._issued = [None] * len(self._shards)
-        self._issued_segments = [None] * len(self._shards)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 import lucid_replay.distributed.calls as calls
@@ -32,12 +33,15 @@ def begin(
         return None
     try:
         with replay._lock:
-            shards, window, law = replay._shards, spec.window, spec.law
-            infos = calls.get([s.info.remote(window, law) for s in shards])
-            draw.check(infos, spec, replay.max_times_sampled)
-            masses = [info["log_mass"] for info in infos]
-            pending = draw.start(shards, replay._rng, spec, masses)
+            shards, window = replay._shards, spec.window
+            laws, _ = draw.plan(spec.law, len(shards))
+            infos = calls.get([s.info.remote(window, laws) for s in shards])
+            limit = replay.max_times_sampled
+            draw.check(infos, spec, limit)
+            masses = np.array([info["log_masses"] for info in infos], dtype=np.float64).T
+            pending = draw.start(shards, replay._rng, spec, masses, limit)
             pending.exponent = replay.alpha * replay.beta  # weights as of the start
+            pending.beta = replay.beta
             return pending
     except BaseException:
         release(replay, samples=spec.batch_size)
@@ -49,13 +53,20 @@ def begin(
 def complete(replay: Any, pending: draw.Pending, target: torch.device) -> Batch | WindowBatch:
     """The merged batch of a started draw, on ``target``."""
     with replay._lock:
-        limit = replay.max_times_sampled
-        draw.finish(replay._shards, replay._rng, pending, calls.get, limit)
+        draw.finish(replay._shards, replay._rng, pending, calls.get)
     spec = pending.spec
     tensors = transport.merge(pending.pieces, pending.destinations, spec.batch_size, target)
-    weights = draw.weights(pending, pending.exponent) if spec.law.by_priority else None
+    chances = draw.merged(pending, pending.probabilities, np.float64)
+    weights = draw.weights(pending, chances)
     unit = replay._config["priority_unit"]
-    return transport.build(tensors, weights, target, chunks=spec.chunks, priority_unit=unit)
+    return transport.build(
+        tensors,
+        weights,
+        target,
+        chunks=spec.chunks,
+        priority_unit=unit,
+        probabilities=chances,
+    )
 
 
 def acquire(

@@ -27,10 +27,13 @@ from typing import Any
 
 import attrs
 import numpy as np
+import torch
 
+from lucid_replay import engine
 from lucid_replay.checks import check_int
-from lucid_replay.errors import ReuseLimitError, must, must_have, wrong_type
-from lucid_replay.laws import Law, Prioritized, of_flag, priority_weights
+from lucid_replay.errors import ReuseLimitError, must, must_have
+from lucid_replay.laws import Law, Uniform, checked_flag, importance_weights, priority_weights
+from lucid_replay.mixtures import Mixture
 from lucid_replay.window import MAX_RECORDS, Window, check_window
 
 __all__: list[str] = []  # internal module
@@ -42,49 +45,72 @@ MAX_BATCH = 2**31 - 1
 class Spec:
     """One draw: ``batch_size`` anchors of ``window`` by ``law`` (every shard draws by it).
 
-    ``chunks``: chunks of ``window.length`` steps; ``what`` names the argument of the span.
+    ``chunks``: chunks of ``window.length`` steps; ``what`` names the argument of the span;
+    ``weights``: the batch carries importance weights.
     """
 
     batch_size: int
     window: Window
-    law: Law
+    law: Law | Mixture
     chunks: bool
     what: str
+    weights: bool = False
 
 
 @attrs.define
 class Pending:
-    """A draw in flight: its round's labels and the shards' replies to come."""
+    """A draw in flight: its round's labels and the shards' replies to come.
+
+    ``laws``: what shards draw by (the law, or a mixture's components), with their
+    ``shares``; ``log_masses[j, k]``: ``log`` of law ``j``'s total on shard ``k``; a
+    position's label is ``component * S + shard``; ``totals[j]``: ``log`` of law ``j``'s
+    total over every shard for the round.
+    """
 
     spec: Spec
-    labels: np.ndarray
-    futures: dict[int, Any]
-    log_masses: list[float]
+    laws: tuple[Any, ...]
+    shares: np.ndarray
+    log_masses: np.ndarray
+    labels: np.ndarray = attrs.Factory(lambda: np.empty(0, np.int64))
+    components: np.ndarray = attrs.Factory(lambda: np.empty(0, np.int64))
+    totals: np.ndarray = attrs.Factory(lambda: np.empty(0))
+    futures: dict[int, Any] = attrs.Factory(dict)
     pieces: list[dict[str, np.ndarray]] = attrs.Factory(list)
     destinations: list[np.ndarray] = attrs.Factory(list)
     priorities: list[np.ndarray] = attrs.Factory(list)
+    probabilities: list[np.ndarray] = attrs.Factory(list)
     filled: int = 0
     exponent: float = 1.0  # alpha * beta when the draw started (its weights' exponent)
+    beta: float = 1.0  # beta when the draw started (a mixture's weights' exponent)
+    reuse_limit: int | None = None
 
 
-def chunk_spec(batch_size: int, length: int, prioritized: bool, alpha: float) -> Spec:
-    """A checked draw of chunks of ``length`` steps (by `Prioritized` ``alpha``, or uniformly)."""
+def chunk_spec(batch_size: int, length: int, law: Law | Mixture, weights: bool) -> Spec:
+    """A checked draw of chunks of ``length`` steps by ``law``."""
     check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
     check_int("length", length, minimum=1, maximum=MAX_RECORDS)
-    return Spec(
-        batch_size, Window(length), of_flag(prioritized, Prioritized(alpha)), True, "length"
-    )
+    return Spec(batch_size, Window(length), law, True, "length", weights)
 
 
-def window_spec(batch_size: int, window: Window, prioritized: object, alpha: float) -> Spec:
-    """A checked draw of windows (``prioritized=None``: by `Prioritized` ``alpha``)."""
+def window_spec(
+    batch_size: int, window: Window, prioritized: object, selector: Law | Mixture, alpha: float
+) -> Spec:
+    """A checked draw of windows (``prioritized=None``: by ``selector``, with weights)."""
     check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
     check_window(window)
-    if prioritized is not None and not isinstance(prioritized, bool):
-        raise wrong_type("prioritized", "a bool or None", prioritized)
+    law, weights = checked_flag(prioritized, selector, alpha, buffer="ShardedReplay")
     what = "length" if window == Window(window.length) else "the window's anchor span"
-    law = of_flag(prioritized is not False, Prioritized(alpha))
-    return Spec(batch_size, window, law, False, what)
+    return Spec(batch_size, window, law, False, what, weights)
+
+
+def plan(law: Law | Mixture, num_shards: int) -> tuple[tuple[Any, ...], np.ndarray]:
+    """What shards draw by, and the shares: a mixture's components over several shards.
+
+    A replay of one shard draws a mixture whole, as a single buffer does.
+    """
+    if isinstance(law, Mixture) and num_shards > 1:
+        return law.selectors, np.asarray(law.shares, dtype=np.float64)
+    return (law,), np.ones(1)
 
 
 def check(infos: list[dict[str, Any]], spec: Spec, reuse_limit: int | None) -> None:
@@ -132,21 +158,60 @@ def labels(rng: np.random.Generator, log_masses: list[float], count: int) -> np.
 
 
 def start(
-    shards: list[Any], rng: np.random.Generator, spec: Spec, log_masses: list[float]
+    shards: list[Any],
+    rng: np.random.Generator,
+    spec: Spec,
+    log_masses: np.ndarray,
+    reuse_limit: int | None = None,
 ) -> Pending:
-    """Label the ``batch_size`` positions and ask every labelled shard for its draws."""
-    pending = Pending(spec, np.empty(0, np.int64), {}, list(log_masses))
-    _round(shards, rng, pending, spec.batch_size)
+    """Label the ``batch_size`` positions and ask every labelled shard for its draws.
+
+    ``log_masses``: ``[K, S]``, each law of `plan` on each shard. Positions of a mixture
+    over several shards first pick their component by the fractions (one uniform each).
+    """
+    laws, shares = plan(spec.law, len(shards))
+    pending = Pending(spec, laws, shares, np.array(log_masses, dtype=np.float64))
+    pending.reuse_limit = reuse_limit
+    count = spec.batch_size
+    if len(laws) == 1:
+        components = np.zeros(count, dtype=np.int64)
+    else:  # component k when bounds[k - 1] <= u < bounds[k]
+        bounds = np.cumsum(shares)[:-1]
+        components = np.searchsorted(bounds, rng.random(count), side="right").astype(np.int64)
+    _round(shards, rng, pending, components)
     return pending
 
 
-def _round(shards: list[Any], rng: np.random.Generator, pending: Pending, count: int) -> None:
-    spec = pending.spec
-    pending.labels = labels(rng, pending.log_masses, count)
-    counts = np.bincount(pending.labels, minlength=len(shards))
+def log_total(logs: np.ndarray) -> float:
+    """``log sum exp(logs)`` (``-inf`` when every entry is); exact for a single entry."""
+    top = float(np.max(logs))
+    if top == -math.inf:
+        return -math.inf
+    return top + math.log(float(np.sum(np.exp(logs - top))))
+
+
+def _round(
+    shards: list[Any], rng: np.random.Generator, pending: Pending, components: np.ndarray
+) -> None:
+    spec, num_shards = pending.spec, len(shards)
+    masses = pending.log_masses
+    labelled = np.empty(components.size, dtype=np.int64)
+    for j in range(len(pending.laws)):
+        at = np.flatnonzero(components == j)
+        if not at.size:
+            continue
+        if np.all(masses[j] == -math.inf):
+            # Only when the reuse limit (or another caller) left this component nothing.
+            raise reuse_limit_error(pending.reuse_limit or 0, 0, spec.batch_size)
+        labelled[at] = j * num_shards + labels(rng, list(masses[j]), at.size)
+    pending.labels, pending.components = labelled, components
+    pending.totals = np.array([log_total(row) for row in masses])
+    counts = np.bincount(labelled, minlength=len(pending.laws) * num_shards)
     pending.futures = {
-        k: shards[k].draw.remote(int(n), spec.window, spec.law, spec.chunks)
-        for k, n in enumerate(counts.tolist())
+        g: shards[g % num_shards].draw.remote(
+            int(n), spec.window, pending.laws[g // num_shards], spec.chunks, pending.laws
+        )
+        for g, n in enumerate(counts.tolist())
         if n
     }
 
@@ -156,17 +221,21 @@ def finish(
     rng: np.random.Generator,
     pending: Pending,
     get: Callable[[Any], Any],
-    reuse_limit: int | None,
 ) -> Pending:
-    """Collect the replies; label the refused positions again until the batch is full."""
-    spec = pending.spec
+    """Collect the replies; label the refused positions again until the batch is full.
+
+    A refused position keeps its mixture component.
+    """
+    spec, num_shards = pending.spec, len(shards)
     while True:
         order = sorted(pending.futures)
-        replies = get([pending.futures[k] for k in order])
+        replies = get([pending.futures[g] for g in order])
         positions, parts = [], []
-        for k, reply in zip(order, replies, strict=True):
-            pending.log_masses[k] = reply["log_mass"]
-            kept = np.flatnonzero(pending.labels == k)[reply["kept"]]
+        kept_mask = np.zeros(pending.labels.size, dtype=bool)
+        for g, reply in zip(order, replies, strict=True):
+            pending.log_masses[:, g % num_shards] = reply["log_masses"]
+            kept = np.flatnonzero(pending.labels == g)[reply["kept"]]
+            kept_mask[kept] = True
             if kept.size:
                 positions.append(kept)
                 parts.append(reply)
@@ -178,16 +247,31 @@ def finish(
             for part, bounds in zip(parts, _splits(positions), strict=True):
                 pending.pieces.append(part["batch"])
                 pending.destinations.append(rank[bounds])
+                pending.probabilities.append(_probabilities(pending, part))
                 if part["priorities"] is not None:
                     pending.priorities.append(part["priorities"])
             pending.filled += every.size
-        refused = spec.batch_size - pending.filled
-        if not refused:
+        if pending.filled == spec.batch_size:
             return pending
-        if all(mass == -math.inf for mass in pending.log_masses):
+        if np.all(pending.log_masses == -math.inf):
             # Only when another caller drew or evicted between the check and this round.
-            raise reuse_limit_error(reuse_limit or 0, 0, spec.batch_size)
-        _round(shards, rng, pending, refused)
+            raise reuse_limit_error(pending.reuse_limit or 0, 0, spec.batch_size)
+        _round(shards, rng, pending, pending.components[~kept_mask])
+
+
+def _probabilities(pending: Pending, reply: dict[str, Any]) -> np.ndarray:
+    r"""Global ``P = sum_j f_j m_j / Z_j`` of a reply's kept anchors.
+
+    The shard gives ``m_j / Z_j^k`` and ``log Z_j^k``; ``Z_j^k / Z_j`` is taken in log space
+    (exactly 1 with one shard).
+    """
+    chances = reply["chances"]
+    probability = np.zeros(chances.shape[1], dtype=np.float64)
+    for j, (local, total) in enumerate(zip(reply["log_totals"], pending.totals, strict=True)):
+        if local == -math.inf:
+            continue
+        probability += pending.shares[j] * math.exp(local - total) * chances[j]
+    return probability
 
 
 def _splits(positions: list[np.ndarray]) -> list[slice]:
@@ -195,12 +279,28 @@ def _splits(positions: list[np.ndarray]) -> list[slice]:
     return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
-def weights(pending: Pending, exponent: float) -> np.ndarray | None:
-    """float32 ``(p_min / p) ** (alpha beta)`` over the merged batch, in batch order."""
-    if not pending.priorities:
+def merged(pending: Pending, parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """Per-kept-anchor ``parts`` of every reply, in batch order."""
+    out = np.empty(pending.spec.batch_size, dtype=dtype)
+    for rows, part in zip(pending.destinations, parts, strict=True):
+        out[rows] = part
+    return out
+
+
+def weights(pending: Pending, probabilities: np.ndarray) -> np.ndarray | None:
+    """float32 importance weights over the merged batch, in batch order (``None``: none).
+
+    By priority: ``(p_min / p) ** (alpha beta)`` from the drawn priorities; `Uniform`: all
+    1; a mixture: ``(P_min / P) ** beta`` of the global probabilities.
+    """
+    law = pending.spec.law
+    if not pending.spec.weights:
         return None
-    drawn = np.empty(pending.spec.batch_size, dtype=np.float64)
-    for rows, part in zip(pending.destinations, pending.priorities, strict=True):
-        drawn[rows] = part
-    weights: np.ndarray = priority_weights(drawn, exponent)
-    return weights
+    if law.by_priority:
+        drawn = merged(pending, pending.priorities, np.float64)
+        result: np.ndarray = priority_weights(drawn, pending.exponent)
+        return result
+    if isinstance(law, Uniform):
+        return np.ones(pending.spec.batch_size, dtype=np.float32)
+    chances = importance_weights(engine.view(torch.from_numpy(probabilities)), pending.beta)
+    return np.asarray(engine.tensor(chances).numpy())

@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 
 import lucid_replay.distributed.ids as ids
+import lucid_replay.distributed.options as options
 import lucid_replay.distributed.settings as settings
+from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.checks import check_int
 from lucid_replay.errors import CheckpointError
 from lucid_replay.schema import Schema
@@ -55,9 +57,22 @@ CONFIG_KEYS = (
     "checkpoint_every",
     "segment_length",
     "priority_unit",
+    "selector",
+    "schema",
+    "storage",
+    "directory",
+    "cache_bytes",
 )
-# Keys a manifest written before streamed segments lacks, and what they were then.
-CONFIG_DEFAULTS = {"segment_length": None, "priority_unit": "episode"}
+# Keys an older manifest (before streamed segments, selectors, storage) lacks, as they were.
+CONFIG_DEFAULTS = {
+    "segment_length": None,
+    "priority_unit": "episode",
+    "selector": None,
+    "schema": None,
+    "storage": "memory",
+    "directory": None,
+    "cache_bytes": CACHE_BYTES,
+}
 _CONTROL_KEYS = ("limiter", "schema", "starts", "noted", "lost")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -113,6 +128,7 @@ def check_config(config: Any) -> int:
         arguments = {key: config[key] for key in CONFIG_KEYS if key != "shard_capacity"}
         arguments["capacity"] = num_shards * per_shard
         arguments["rate_limiter"] = settings.limiter_from(config["rate_limiter"])
+        arguments.update(options.of_state(config))
         remade = settings.checked(**arguments)
     except CheckpointError:
         raise

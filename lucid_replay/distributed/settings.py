@@ -17,6 +17,8 @@ import numpy as np
 
 import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.ids as ids
+import lucid_replay.distributed.options as options
+from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.checks import check_float, check_int
 from lucid_replay.distributed.limiter import (
     MinSize,
@@ -57,10 +59,12 @@ def checked(**arguments: Any) -> dict[str, Any]:
     segment_length, priority_unit = checked_segments(
         arguments["segment_length"], arguments["priority_unit"], capacity // num_shards, unit
     )
+    alpha = check_float("alpha", arguments["alpha"], minimum=0.0)
+    shards = options.checked(arguments, alpha, unit)
     return {
         "num_shards": num_shards,
         "shard_capacity": capacity // num_shards,
-        "alpha": check_float("alpha", arguments["alpha"], minimum=0.0),
+        "alpha": alpha,
         "beta": check_float("beta", arguments["beta"], minimum=0.0),
         "epsilon": check_float("epsilon", arguments["epsilon"], minimum=0.0, strict=True),
         "unit": unit,
@@ -72,6 +76,7 @@ def checked(**arguments: Any) -> dict[str, Any]:
         "checkpoint_every": every,
         "segment_length": segment_length,
         "priority_unit": priority_unit,
+        **shards,
     }
 
 
@@ -112,6 +117,11 @@ def shard_settings(config: dict[str, Any], index: int, replay: str) -> dict[str,
         "checkpoint_every": config["checkpoint_every"],
         "segment_length": config["segment_length"],
         "priority_unit": config["priority_unit"],
+        "selector": config.get("selector"),
+        "schema": config.get("schema"),
+        "storage": config.get("storage", "memory"),
+        "directory": options.shard_directory(config, index),
+        "cache_bytes": config.get("cache_bytes", CACHE_BYTES),
         "replay": replay,
     }
 

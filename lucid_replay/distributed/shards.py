@@ -3,7 +3,7 @@
 The same class runs in-process (``backend="local"``) and as a Ray actor (``backend="ray"``).
 Everything it returns is plain data (numpy arrays, ints, floats), with episode ids already
 global (`lucid_replay.distributed.ids`). A shard draws only what its coordinator asks for
-(`ShardHooks.draw_round`), from its own tree and its own random stream.
+(`ShardHooks.draw_probed`), from its own tree and its own random stream.
 
 A shard starts in two steps: its constructor builds an empty buffer, and `open` loads the
 file `ShardedReplay.load` gave it (checked: it must be this shard's) and joins the control;
@@ -11,7 +11,10 @@ file `ShardedReplay.load` gave it (checked: it must be this shard's) and joins t
 a refused load writes nothing. The constructor also runs when Ray restarts a dead shard: it
 then reloads its own restart file (or the file it was loaded from) and joins as a new
 incarnation at once, so the ids it issues from then on differ from those of the episodes lost
-with the previous incarnation.
+with the previous incarnation. A shard with ``storage="memmap"`` keeps its fields under its
+own directory (``directory/shard_<k>``); a restart first removes that directory, then
+reloads its restart file into fresh files: the files of the dead incarnation are never
+read back (they may hold steps of episodes lost since the restart file was written).
 
 A shard whose buffer has ``segment_length`` also keeps the streams of its open episodes
 (`lucid_replay.distributed.shard_streams`), and its segment ids are global too: encoded as
@@ -30,12 +33,13 @@ import torch
 import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.checkpoints as checkpoints
 import lucid_replay.distributed.ids as ids
+import lucid_replay.distributed.options as options
 import lucid_replay.distributed.transport as transport
-from lucid_replay import engine, files
+from lucid_replay import engine, files, selectors
+from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.distributed.hooks import ShardHooks
 from lucid_replay.distributed.shard_streams import ShardStreams
 from lucid_replay.episode import Episode
-from lucid_replay.laws import Law
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.schema import Schema
 from lucid_replay.streams import EpisodeStream
@@ -55,8 +59,9 @@ class ReplayShard(ShardStreams):
     settings
         ``capacity`` (of this shard), ``alpha``, ``beta``, ``epsilon``, ``unit``, ``seed``,
         ``max_times_sampled``, ``checkpoint_dir``, ``checkpoint_every``,
-        ``segment_length``, ``priority_unit`` and ``replay`` (the running replay's
-        identity, written into its restart files).
+        ``segment_length``, ``priority_unit``, ``selector`` and ``schema`` (as checkpoints
+        keep them), ``storage``, ``directory`` (this shard's own), ``cache_bytes`` and
+        ``replay`` (the running replay's identity, written into its restart files).
     control
         Handle of the replay's `Control`, or the name of its Ray actor.
     restore_path
@@ -79,6 +84,11 @@ class ReplayShard(ShardStreams):
             control = calls.named_actor(control)
         self.control = control
         self.settings = settings
+        if restarted is None:
+            restarted = calls.restarted_actor()
+        if restarted:  # its files from before: gone; its restart file refills fresh ones
+            options.clear(settings.get("directory"))
+        selector, schema = settings.get("selector"), settings.get("schema")
         self.buffer = PrioritizedSequenceReplay(
             settings["capacity"],
             settings["alpha"],
@@ -89,6 +99,11 @@ class ReplayShard(ShardStreams):
             max_times_sampled=settings["max_times_sampled"],
             segment_length=settings.get("segment_length"),
             priority_unit=settings.get("priority_unit", "episode"),
+            selector=None if selector is None else selectors.selector_of_state(selector),
+            schema=None if schema is None else Schema.from_state(schema),
+            storage=settings.get("storage", "memory"),
+            directory=settings.get("directory"),
+            cache_bytes=settings.get("cache_bytes", CACHE_BYTES),
         )
         self.hooks = ShardHooks(self.buffer)
         self.restore_path = restore_path
@@ -98,8 +113,6 @@ class ReplayShard(ShardStreams):
         self.segment_ranges: list[list[int]] = []
         self.streams: dict[int, tuple[int, EpisodeStream]] = {}  # open: see ShardStreams
         self.adds_since_checkpoint = 0
-        if restarted is None:
-            restarted = calls.restarted_actor()
         if restarted:
             self._reload()
             self._join(restarted=True)
@@ -199,8 +212,8 @@ class ReplayShard(ShardStreams):
             self.checkpoint()
 
     # ------------------------------------------------------------------------- drawing
-    def info(self, window: Window, law: Law) -> dict[str, Any]:
-        """What the coordinator needs before a draw of ``window`` by ``law``."""
+    def info(self, window: Window, laws: tuple[Any, ...]) -> dict[str, Any]:
+        """What the coordinator needs before a draw of ``window`` by each of ``laws``."""
         buffer = self.buffer
         with buffer._lock:
             table = buffer._core.store.table
@@ -210,19 +223,27 @@ class ReplayShard(ShardStreams):
             lengths = total[at] - first[at]  # each stored episode's stored steps
             extra = window.open_anchor_span - window.anchor_span
             anchors = engine.tensor(episode_anchors(owners, slots, window.anchor_span, extra))
+            log_masses = [self.hooks.log_mass(window, law) for law in laws]
             return {
-                "log_mass": self.hooks.log_mass(window, law),
+                "log_masses": log_masses,
+                "log_mass": max(log_masses),
                 "draws_left": self.hooks.draws_left(window),
                 "episodes": buffer.num_episodes,
                 "longest": int(lengths.max()) if lengths.numel() else 0,
                 "eligible": bool((anchors > 0).any()),  # reuse limit aside
             }
 
-    def draw(self, count: int, window: Window, law: Law, chunks: bool) -> dict[str, Any]:
-        """``count`` draws; the kept ones packed, their priorities, and the kept mask.
+    def draw(
+        self, count: int, window: Window, law: Any, chunks: bool, laws: tuple[Any, ...]
+    ) -> dict[str, Any]:
+        """``count`` draws by ``law``; the kept ones packed, their priorities, the kept mask.
 
-        A shard with nothing to draw from (its episodes were evicted or retired since the
-        coordinator read its mass) keeps none, leaving its random stream untouched.
+        Also each kept anchor's probability in this shard under each of ``laws``
+        (``chances``, float64 ``[K, kept]``), the ``log`` totals they are relative to
+        (``log_totals``, before the draw) and after it (``log_masses``); see
+        `ShardHooks.draw_probed`. A shard with nothing to draw from (its episodes were
+        evicted or retired since the coordinator read its mass) keeps none, leaving its
+        random stream untouched.
         """
         evicted = self._counters()[2]
         if self.hooks.log_mass(window, law) == -math.inf:
@@ -230,9 +251,10 @@ class ReplayShard(ShardStreams):
                 "batch": None,
                 "priorities": None,
                 "kept": np.zeros(count, dtype=bool),
-                "log_mass": -math.inf,
+                "log_masses": [self.hooks.log_mass(window, part) for part in laws],
             }
-        batch, priorities, kept = self.hooks.draw_round(count, window, law, chunks=chunks)
+        drawn = self.hooks.draw_probed(count, window, law, laws, chunks)
+        batch, priorities, kept, chances, log_totals = drawn
         packed = transport.pack_batch(batch)
         for key in transport.ID_KEYS:
             if key in packed:
@@ -245,7 +267,9 @@ class ReplayShard(ShardStreams):
             "batch": packed,
             "priorities": None if priorities is None else priorities.numpy(),
             "kept": kept.numpy(),
-            "log_mass": self.hooks.log_mass(window, law),
+            "chances": chances,
+            "log_totals": log_totals,
+            "log_masses": [self.hooks.log_mass(window, part) for part in laws],
         }
 
     # ---------------------------------------------------------------------- priorities

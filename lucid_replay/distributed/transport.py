@@ -102,20 +102,30 @@ def build(
     *,
     chunks: bool,
     priority_unit: str = "episode",
+    probabilities: np.ndarray | None = None,
 ) -> Batch | WindowBatch:
     """The core's batch value of merged ``tensors`` (and float32 ``weights``) on ``target``.
 
     ``segment_ids`` are kept where the pieces had them; ``priority_unit`` is what the
-    `PrioritizedBatch.indices` of a prioritized chunk draw are.
+    `PrioritizedBatch.indices` of a prioritized chunk draw are; ``probabilities``: the
+    drawn anchors' float64 ``P``.
     """
     if weights is not None:
         tensors["weights"] = torch.from_numpy(weights)
+    if probabilities is not None:
+        tensors["probabilities"] = torch.from_numpy(probabilities)
     tensors = _moved(tensors, target)
     data = {k[len(_DATA) :]: v for k, v in tensors.items() if k.startswith(_DATA)}
-    segment_ids = tensors.get(SEGMENT_KEY)
+    segment_ids, chances = tensors.get(SEGMENT_KEY), tensors.get("probabilities")
     if chunks:
         if weights is None:
-            return Batch(data, tensors["episode_ids"], tensors["starts"], segment_ids=segment_ids)
+            return Batch(
+                data,
+                tensors["episode_ids"],
+                tensors["starts"],
+                segment_ids=segment_ids,
+                probabilities=chances,
+            )
         return PrioritizedBatch(
             data=data,
             episode_ids=tensors["episode_ids"],
@@ -123,10 +133,12 @@ def build(
             weights=tensors["weights"],
             segment_ids=segment_ids,
             priority_unit=priority_unit,
+            probabilities=chances,
         )
     return WindowBatch(
         data=data,
         weights=tensors.get("weights"),
         segment_ids=segment_ids,
+        probabilities=chances,
         **{key: tensors[key] for key in _WINDOW_KEYS},
     )

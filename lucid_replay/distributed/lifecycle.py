@@ -1,0 +1,117 @@
+"""Parts of the `ShardedReplay` client: closing, ``with`` blocks, pickling; priorities."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+import lucid_replay.distributed.backends as backends
+import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.routing as routing
+from lucid_replay.batch import Batch, WindowBatch
+from lucid_replay.checks import check_float
+from lucid_replay.errors import must
+
+__all__: list[str] = []  # internal module
+
+
+class ClientLife:
+    """`close`, the context manager and pickling of a sharded replay's client."""
+
+    _closed: bool
+    _config: dict[str, Any]
+    _shards: list[Any]
+    _control: Any
+
+    def close(self) -> None:
+        """Stop the shards (Ray actors end); the client refuses calls afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in [*self._shards, self._control]:
+            backends.kill(handle)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise must("the replay", "open (not closed)", "closed")
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        return backends.pickled(self._config["backend"], self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self._rng = np.random.default_rng()  # a copy draws its own labels
+        self._cursor = int(self._rng.integers(self._config["num_shards"]))
+        self._issued = [None] * len(self._shards)
+        self._issued_segments = [None] * len(self._shards)
+
+
+class ClientPriorities:
+    """Priority updates routed to the shards, and beta annealed on every shard."""
+
+    _config: dict[str, Any]
+    _shards: list[Any]
+    _beta: float
+    epsilon: float
+
+    def _check_open(self) -> None:
+        raise NotImplementedError  # `ClientLife._check_open`
+
+    def update_priorities(self, indices: Any, errors: Any) -> int:
+        """Set priorities of global ids ``indices`` to ``|errors| + epsilon``, routed by id.
+
+        Episode ids, or segment ids under ``priority_unit="segment"`` (``batch.indices``).
+
+        Evicted ids and ids lost with a shard's earlier incarnation are skipped (counted in
+        ``stats()["priority_updates_skipped"]``); duplicates take the max. Returns how many
+        distinct episodes were applied. The maximum priority stays global: new episodes on
+        every shard start at the largest priority set anywhere.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For lengths that differ, a NaN or infinite error, or an id no shard issued;
+            nothing is updated on any shard then.
+        """
+        self._check_open()
+        return routing.update(self, indices, errors)
+
+    def update_priorities_from(
+        self, batch: WindowBatch, errors: Any, *, eta: float = 0.9, mask: Any = None
+    ) -> int:
+        """R2D2's per-window priorities from per-record errors, routed to the shards.
+
+        As `PrioritizedSequenceReplay.update_priorities_from` (``eta * max + (1 - eta) *
+        mean`` over the counted records; ``[B]`` errors as they are).
+        """
+        self._check_open()
+        return routing.from_batch(self, batch, errors, eta=eta, mask=mask)
+
+    def write_back(self, batch: Batch | WindowBatch, name: str, values: torch.Tensor) -> int:
+        """Write per-record ``values`` ``[B, W, ...]`` into stored field ``name``, per shard.
+
+        As `SequenceReplay.write_back` (refreshed recurrent states): records of episodes
+        evicted or lost since the draw are skipped. Returns how many records were written.
+        """
+        self._check_open()
+        return routing.write_back(self, batch, name, values)
+
+    def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
+        """``beta = beta0 + fraction * (final - beta0)`` on the client and every shard."""
+        fraction = check_float("fraction", fraction, minimum=0.0, maximum=1.0)
+        final = check_float("final", final, minimum=0.0)
+        self._check_open()
+        calls.get([s.anneal_beta.remote(fraction, final) for s in self._shards])
+        beta0 = self._config["beta"]
+        self._beta = beta0 + fraction * (final - beta0)

@@ -1,0 +1,133 @@
+"""What every shard's buffer is made with: the selector, the declared schema, the storage.
+
+`checked` validates ``selector=``, ``schema=``, ``storage=``, ``directory=`` and
+``cache_bytes=`` of `ShardedReplay.create` as plain JSON-able values (they go into the
+manifest, so `ShardedReplay.load` restores them): the selector as the single buffer's
+checkpoints keep it (`lucid_replay.selectors.selector_state`), the schema as
+`Schema.to_state`. `claim_check` refuses a memmap ``directory`` that is not new or empty, and
+`clear` empties a restarted shard's own directory (see `lucid_replay.distributed.shards`).
+
+`Recency` is refused on a sharded replay: its age counts the transitions added to the *whole*
+replay after an anchor's commit, and the shards count only their own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lucid_replay.blocks import checked_cache
+from lucid_replay.errors import must, wrong_type
+from lucid_replay.laws import Prioritized
+from lucid_replay.mapped_files import STORAGES
+from lucid_replay.mixtures import Mixture
+from lucid_replay.prioritized import PrioritizedSequenceReplay
+from lucid_replay.recency import Recency
+from lucid_replay.schema import Schema
+from lucid_replay.selectors import Selector, checked_selector, selector_of_state, selector_state
+
+__all__: list[str] = []  # internal module
+
+_NO_RECENCY = (
+    "Uniform(), Prioritized() or a Mixture of them on a ShardedReplay (Recency's age counts "
+    "transitions added to every shard, which no shard counts)"
+)
+
+
+def checked(arguments: dict[str, Any], alpha: float, unit: str) -> dict[str, Any]:
+    """``selector``, ``schema``, ``storage``, ``directory``, ``cache_bytes`` as plain values.
+
+    Every value is checked as `PrioritizedSequenceReplay` checks it (the directory's
+    contents aside: `claim_check`); the selector must not hold a `Recency`.
+    """
+    given = arguments["selector"]
+    law = checked_selector(
+        given, alpha, PrioritizedSequenceReplay, unit, arguments["segment_length"]
+    )
+    parts = law.selectors if isinstance(law, Mixture) else (law,)
+    if any(isinstance(part, Recency) for part in parts):
+        raise must("selector", _NO_RECENCY, given)
+    schema = arguments["schema"]
+    declared = None if schema is None else Schema.declared(schema)
+    storage, directory = arguments["storage"], arguments["directory"]
+    if storage not in STORAGES:
+        raise must("storage", f"one of {STORAGES}", storage)
+    if storage == "memory" and directory is not None:
+        raise must("directory", "None with storage='memory'", directory)
+    if storage == "memmap":
+        if directory is None:
+            raise must("directory", "a path with storage='memmap'", directory)
+        if not isinstance(directory, str | os.PathLike) or isinstance(os.fspath(directory), bytes):
+            raise wrong_type("directory", "a path (str or os.PathLike)", directory)
+        directory = os.path.abspath(os.fspath(directory))
+    codecs = {} if declared is None else dict(declared.codecs)
+    cache = checked_cache(arguments["cache_bytes"], codecs, torch.device("cpu"), storage)
+    return {
+        "selector": selector_state(law, Prioritized(alpha)),
+        "schema": None if declared is None else declared.to_state(),
+        "storage": storage,
+        "directory": directory,
+        "cache_bytes": cache,
+    }
+
+
+def of_state(config: dict[str, Any]) -> dict[str, Any]:
+    """`checked`'s arguments again from a configuration's plain values (a manifest's)."""
+    selector, schema = config["selector"], config["schema"]
+    return {
+        "selector": None if selector is None else selector_of_state(selector),
+        "schema": None if schema is None else Schema.from_state(schema),
+        "storage": config["storage"],
+        "directory": config["directory"],
+        "cache_bytes": config["cache_bytes"],
+    }
+
+
+def law_of(config: dict[str, Any]) -> Selector:
+    """The resolved selector of a configuration (what the client draws by)."""
+    state = config.get("selector")
+    selector = None if state is None else selector_of_state(state)
+    return checked_selector(
+        selector,
+        config["alpha"],
+        PrioritizedSequenceReplay,
+        config["unit"],
+        config.get("segment_length"),
+    )
+
+
+def shard_directory(config: dict[str, Any], index: int) -> str | None:
+    """Shard ``index``'s memmap directory, ``directory/shard_<index>`` (None in memory)."""
+    directory = config.get("directory")
+    return None if directory is None else str(Path(directory) / f"shard_{index}")
+
+
+def claim_check(directory: str | None) -> None:
+    """Refuse a memmap ``directory`` that exists and holds anything (before any shard starts)."""
+    if directory is None:
+        return
+    path = Path(directory)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise must("directory", "a new or empty directory", directory)
+
+
+def clear(directory: str | None) -> None:
+    """Remove a restarted shard's own memmap directory, so it starts from fresh files."""
+    if directory is not None and Path(directory).exists():
+        shutil.rmtree(directory)
+
+
+def checked_storage_directory(config: dict[str, Any], given: object) -> str | None:
+    """Where a loaded memmap replay's shards keep their files: ``given``, else the saved one."""
+    if given is None:
+        directory: str | None = config["directory"]
+        return directory
+    if config["storage"] != "memmap":
+        raise must("storage_directory", "None for a replay saved with storage='memory'", given)
+    if not isinstance(given, str | os.PathLike) or isinstance(os.fspath(given), bytes):
+        raise wrong_type("storage_directory", "a path (str or os.PathLike)", given)
+    return os.path.abspath(os.fspath(given))
