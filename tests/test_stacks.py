@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from conftest import assert_refused
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,6 @@ from lucid_replay import (
     Window,
     engine,
 )
-from tests.conftest import assert_refused
 
 FRAME = (3, 2)
 
