@@ -28,6 +28,8 @@ from typing import Final
 import numpy as np
 import torch
 
+from lucid_replay import engine
+
 __all__: list[str] = []  # internal module
 
 CODECS: Final = ("zstd", "lz4")
@@ -164,9 +166,11 @@ class BlockField:
         """The bytes of ring ``slots`` (flat int64): ``[len(slots), step_bytes]`` uint8.
 
         Into ``out`` (C-contiguous, of that shape) where given. The blocks touched are
-        decoded (or found in the cache) and laid side by side in an arena of at most
-        `ARENA_BYTES`, from which one ``index_select`` copies every slot to its place: one
-        pass over the output, whatever order the slots come in.
+        decoded (or found in the cache); with the compiled kernels one loop then copies each
+        slot's bytes from its block to its place (`ring_copies.copy_rows`). Otherwise they
+        are laid side by side in an arena of at most `ARENA_BYTES`, from which one
+        ``index_select`` copies every slot to its place. Either way one pass over the
+        output, whatever order the slots come in.
         """
         if out is None:
             out = np.empty((slots.shape[0], self.step_bytes), dtype=np.uint8)
@@ -174,6 +178,14 @@ class BlockField:
             return out
         blocks = slots // BLOCK_STEPS
         touched, inverse = np.unique(blocks, return_inverse=True)
+        if engine.compiled(slots) and out.flags.c_contiguous:  # straight from the blocks
+            held = [self._decoded(block) for block in touched.tolist()]  # alive for the copy
+            sources = np.array([block.ctypes.data for block in held], dtype=np.int64)
+            within_rows = slots - blocks * BLOCK_STEPS
+            _ring_copies().copy_rows(
+                out.ctypes.data, self.step_bytes, sources, inverse.reshape(-1), within_rows
+            )
+            return out
         within = torch.from_numpy(slots - blocks * BLOCK_STEPS)
         inverse_t, target = torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(out)
         per = max(ARENA_BYTES // (BLOCK_STEPS * self.step_bytes), 1)  # blocks an arena holds
@@ -341,3 +353,10 @@ class CompressedFields:
 
     def cache_bytes(self, name: str) -> int:
         return self.cache.owned_by(self.fields[name].owner)
+
+
+def _ring_copies() -> ModuleType:
+    """`lucid_replay.ring_copies` (it needs numba: imported on the compiled path only)."""
+    from lucid_replay import ring_copies
+
+    return ring_copies

@@ -113,6 +113,24 @@ def copy(target: int, source: int, count: int) -> None:
 
 
 @jit
+def copy_rows(
+    target: int, width: int, sources: np.ndarray, owner: np.ndarray, within: np.ndarray
+) -> None:
+    """Row ``i`` of ``target`` from row ``within[i]`` of the block at ``sources[owner[i]]``.
+
+    Rows are ``width`` bytes: a compressed field's gather from its decoded blocks.
+    Consecutive rows of one block read consecutive bytes: they are copied as one run.
+    """
+    count, i = owner.shape[0], 0
+    while i < count:
+        j = i + 1
+        while j < count and owner[j] == owner[i] and within[j] == within[j - 1] + 1:
+            j += 1
+        copy(target + i * width, sources[owner[i]] + within[i] * width, (j - i) * width)
+        i = j
+
+
+@jit
 def write_steps(
     addresses: np.ndarray,
     row_bytes: np.ndarray,

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lucid_replay import engine
 from lucid_replay.blocks import BLOCK_STEPS, BlockCache, BlockField
 
 pytest.importorskip("zstandard")
@@ -68,12 +69,21 @@ def test_compression_shrinks_repetitive_frames():
     arena_blocks=st.integers(0, 4),
     cache_blocks=st.integers(0, 2),
     seed=st.integers(0, 2**31),
+    kernels=st.booleans(),
 )
 def test_gathers_through_arenas_of_any_size_into_out(
-    codec, capacity, step_bytes, arena_blocks, cache_blocks, seed
+    codec, capacity, step_bytes, arena_blocks, cache_blocks, seed, kernels
 ):
-    """Slots gathered in arenas of a few blocks at a time (or less than one), into a given
-    output, equal the written bytes, in the slots' order and with repeats."""
+    """Slots gathered in arenas of a few blocks at a time (or less than one), or by the
+    compiled copy straight from the blocks, into a given output, equal the written bytes,
+    in the slots' order and with repeats."""
+    if kernels and not engine.available():
+        return
+    with engine.use("kernels" if kernels else "numpy"):
+        _gather_and_compare(codec, capacity, step_bytes, arena_blocks, cache_blocks, seed)
+
+
+def _gather_and_compare(codec, capacity, step_bytes, arena_blocks, cache_blocks, seed):
     rng = np.random.default_rng(seed)
     reference = rng.integers(0, 4, (capacity, step_bytes)).astype(np.uint8)
     field = BlockField(capacity, step_bytes, codec, BlockCache(cache_blocks * 32), owner=0)
