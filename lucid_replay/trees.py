@@ -23,9 +23,10 @@ episode table: writers mark rows dirty, and the next draw recomputes exactly tho
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ import torch
 from lucid_replay import engine, sum_tree
 from lucid_replay.directory import Owners
 from lucid_replay.engine import Array
+from lucid_replay.errors import InvalidArgumentError
 from lucid_replay.laws import Law, LawKey
 from lucid_replay.selectors import from_key
 from lucid_replay.table import EpisodeTable
@@ -132,6 +134,21 @@ class Trees:
             for (span, extra, key), tree in self._trees.items()
             if not tree.stale
         ]
+
+    @contextlib.contextmanager
+    def kept_if_refused(self) -> Iterator[None]:
+        """Trees first built inside the block are forgotten again if it raises a refusal.
+
+        A refused call changes nothing, and a checkpoint saves which trees are cached.
+        """
+        kept, generation = OrderedDict(self._trees), self._generation
+        try:
+            yield
+        except InvalidArgumentError:
+            if self._generation == generation:  # else the table was reshaped: all rebuilt
+                self._trees.clear()
+                self._trees.update(kept)
+            raise
 
     def invalidate(self) -> None:
         """Forget every tree (after the table was reshaped or reloaded)."""

@@ -31,7 +31,6 @@ generator is rewound and the tree restored.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 
 import torch
 
@@ -74,10 +73,8 @@ def draw_distinct(
     table = sampler.table
     if table.num_episodes == 0:
         raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
-    trees = sampler.trees
-    kept, generation = OrderedDict(trees._trees), trees._generation  # restored if refused
-    try:
-        cached = trees.cached(span, law, extra)
+    with sampler.trees.kept_if_refused():  # a checkpoint saves which trees are cached
+        cached = sampler.trees.cached(span, law, extra)
         start_total = cached.total()
         if start_total <= 0:
             raise sampler.nothing_eligible(span, what, batch_size, extra)
@@ -85,11 +82,6 @@ def draw_distinct(
         if batch_size > bound:  # more than stored steps (episodes): refused before any draw
             raise _too_many(sampler, batch_size, span, extra)
         rows, steps = _rounds(sampler, cached, batch_size, (span, extra), law, generator)
-    except InvalidArgumentError:
-        if trees._generation == generation:  # the cache as it was (a checkpoint saves it)
-            trees._trees.clear()
-            trees._trees.update(kept)
-        raise
     if sampler.reuse_limit is None:
         _count_draws(table.owners().times, table.owners().slot[engine.view(rows)])
     else:
