@@ -5,13 +5,14 @@ are cut into blocks of `BLOCK_STEPS` consecutive slots, each kept as one compres
 of its raw bytes (`BlockField`). The ring writes slots in order, so exactly one block is
 being written at a time: it stays raw (the *head*) until the writes move on, and is then
 compressed. A gather decodes only the blocks its slots fall in, through the buffer's one
-`BlockCache` of decoded blocks (at most ``cache_bytes``), lays them side by side in a
-transient arena (at most `ARENA_BYTES` at a time, freed when the gather returns) and copies
-every slot from there straight into the batch: the bytes are the ones written, so a batch is
+`BlockCache` of decoded blocks (at most ``cache_bytes``), and copies every slot from its
+decoded block straight into the batch: the bytes are the ones written, so a batch is
 bit-identical to an uncompressed buffer's.
 
-Both libraries release the GIL while they compress and decode, so a background thread
-(``iterate``'s prefetch) decodes while the learner's thread runs. The codecs are the extra
+Both libraries release the GIL while they compress and decode, and so does the compiled copy:
+a gather spreads its decodes and its copy over torch's thread count (`host_threads`), as an
+uncompressed gather's one torch copy does, and a background thread (``iterate``'s prefetch)
+decodes while the learner's thread runs. The codecs are the extra
 ``compress`` (``pip install lucid-replay[compress]``): `codec_module` names it when a
 library is missing.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from types import ModuleType
@@ -28,7 +30,7 @@ from typing import Final
 import numpy as np
 import torch
 
-from lucid_replay import engine
+from lucid_replay import engine, host_threads
 
 __all__: list[str] = []  # internal module
 
@@ -38,6 +40,8 @@ _LIBRARIES: Final = {"zstd": "zstandard", "lz4": "lz4.block"}
 _ZSTD_LEVEL: Final = 1  # fast; frames of pixels compress ~10x at any level
 CACHE_BYTES: Final = 256 << 20  # a buffer's decoded blocks, by default
 ARENA_BYTES: Final = 256 << 20  # the most decoded blocks a gather lays side by side at once
+_SPLIT_BYTES: Final = 1 << 20  # below this much copying per thread, one thread copies
+_SPLIT_BLOCKS: Final = 4  # below this many blocks to decode per thread, one thread decodes
 
 
 def codec_module(codec: str) -> ModuleType:
@@ -78,8 +82,8 @@ class _Codec:
         module = codec_module(codec)
         if codec == "zstd":
             self._compressor = module.ZstdCompressor(level=_ZSTD_LEVEL)
-            self._decompressor = module.ZstdDecompressor()
         self._module = module
+        self._local = threading.local()  # a zstd decompressor is not thread safe: one each
 
     def compress(self, raw: np.ndarray) -> bytes:
         if self.name == "zstd":
@@ -88,7 +92,10 @@ class _Codec:
 
     def decode(self, frame: bytes, size: int) -> np.ndarray:
         if self.name == "zstd":
-            data = self._decompressor.decompress(frame, max_output_size=size)
+            decompressor = getattr(self._local, "decompressor", None)
+            if decompressor is None:
+                decompressor = self._local.decompressor = self._module.ZstdDecompressor()
+            data = decompressor.decompress(frame, max_output_size=size)
         else:
             data = self._module.decompress(frame, uncompressed_size=size)
         return np.frombuffer(data, dtype=np.uint8)
@@ -179,12 +186,22 @@ class BlockField:
         blocks = slots // BLOCK_STEPS
         touched, inverse = np.unique(blocks, return_inverse=True)
         if engine.compiled(slots) and out.flags.c_contiguous:  # straight from the blocks
-            held = [self._decoded(block) for block in touched.tolist()]  # alive for the copy
+            held = self._decoded_blocks(touched.tolist())  # alive for the copy
             sources = np.array([block.ctypes.data for block in held], dtype=np.int64)
-            within_rows = slots - blocks * BLOCK_STEPS
-            _ring_copies().copy_rows(
-                out.ctypes.data, self.step_bytes, sources, inverse.reshape(-1), within_rows
-            )
+            owner, within_rows = inverse.reshape(-1), slots - blocks * BLOCK_STEPS
+            copy_rows, width, address = _ring_copies().copy_rows, self.step_bytes, out.ctypes.data
+
+            def copy(part: tuple[int, int]) -> None:
+                begin, end = part
+                copy_rows(
+                    address + begin * width,
+                    width,
+                    sources,
+                    owner[begin:end],
+                    within_rows[begin:end],
+                )
+
+            host_threads.run_split(copy, host_threads.chunks(slots.shape[0], _SPLIT_BYTES // width))
             return out
         within = torch.from_numpy(slots - blocks * BLOCK_STEPS)
         inverse_t, target = torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(out)
@@ -239,6 +256,35 @@ class BlockField:
             self.staging[: self._block_size(block)] = self._decoded(block)
         self.head = block
 
+    def _decoded_blocks(self, blocks: list[int]) -> list[np.ndarray]:
+        """`_decoded` of each of ``blocks``; the misses decoded on `host_threads` at once."""
+        held: list[np.ndarray | None] = [None] * len(blocks)
+        missing: list[int] = []
+        for i, block in enumerate(blocks):
+            if block == self.head or self.frames[block] is None:
+                held[i] = self._decoded(block)
+            else:
+                held[i] = self.cache.get((self.owner, block))
+                if held[i] is None:
+                    missing.append(i)
+        if missing:
+            parts = host_threads.chunks(len(missing), _SPLIT_BLOCKS)
+
+            def decode(part: tuple[int, int]) -> list[np.ndarray]:
+                return [self._decode(blocks[i]) for i in missing[part[0] : part[1]]]
+
+            decoded = [array for done in host_threads.run_split(decode, parts) for array in done]
+            for i, array in zip(missing, decoded, strict=True):
+                self.cache.put((self.owner, blocks[i]), array)
+                held[i] = array
+        return held  # type: ignore[return-value]  # every entry is set above
+
+    def _decode(self, block: int) -> np.ndarray:
+        """Block ``block``'s compressed frame, decoded (``[block size, step_bytes]``)."""
+        size, frame = self._block_size(block), self.frames[block]
+        assert frame is not None
+        return self.codec.decode(frame, size * self.step_bytes).reshape(size, self.step_bytes)
+
     def _decoded(self, block: int) -> np.ndarray:
         """Block ``block``'s slots, ``[block size, step_bytes]`` (read-only or the head's)."""
         if block == self.head:
@@ -247,11 +293,9 @@ class BlockField:
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        size = self._block_size(block)
-        frame = self.frames[block]
-        if frame is None:
-            return np.zeros((size, self.step_bytes), dtype=np.uint8)
-        decoded = self.codec.decode(frame, size * self.step_bytes).reshape(size, self.step_bytes)
+        if self.frames[block] is None:
+            return np.zeros((self._block_size(block), self.step_bytes), dtype=np.uint8)
+        decoded = self._decode(block)
         self.cache.put(key, decoded)
         return decoded
 

@@ -7,12 +7,23 @@ checkpoints. The caches are kept small so that blocks are decoded again and agai
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+
 import numpy as np
 import pytest
 import torch
 from conftest import comparable
 
-from lucid_replay import Episode, Field, PrioritizedSequenceReplay, SequenceReplay, Window
+from lucid_replay import (
+    Episode,
+    Field,
+    PrioritizedSequenceReplay,
+    SequenceReplay,
+    Window,
+    blocks,
+    host_threads,
+)
 
 pytest.importorskip("zstandard")
 pytest.importorskip("lz4")
@@ -80,6 +91,71 @@ def test_whole_episodes_draw_the_same_batches(index_engine, codec, cache_bytes) 
     for episode_id in plain.episode_ids:
         _same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
     assert packed.memory_report()["total"]["cache_bytes"] <= cache_bytes
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_gathers_split_over_threads_draw_the_same_batches(monkeypatch, codec, threads) -> None:
+    """Decodes and copies spread over torch's threads (every block and row its own part
+    here, iterate's prefetch thread included) give the one-thread batches bit for bit."""
+    monkeypatch.setattr(blocks, "_SPLIT_BYTES", 1)
+    monkeypatch.setattr(blocks, "_SPLIT_BLOCKS", 1)
+    monkeypatch.setattr(host_threads, "workers", lambda: threads)
+    split = []
+    real = host_threads.run_split
+    monkeypatch.setattr(
+        host_threads, "run_split", lambda work, parts: split.append(len(parts)) or real(work, parts)
+    )
+    plain, packed = _twins(codec, cache_bytes=1000)
+    for episode in _episodes(2, [17, 40, 33, 80, 9, 60, 71]):
+        plain.add(episode)
+        packed.add(episode)
+    for window in WINDOWS:
+        _same(_data(plain.sample_windows(16, window)), _data(packed.sample_windows(16, window)))
+    raw, compressed = (
+        plain.iterate(8, WINDOWS[0], prefetch=2),
+        packed.iterate(8, WINDOWS[0], prefetch=2),
+    )
+    for _ in range(3):
+        _same(_data(next(raw)), _data(next(compressed)))
+    raw.close()
+    compressed.close()
+    assert max(split) == threads  # the split path ran
+
+
+def test_split_work_keeps_order_and_raises_after_every_part_finished(monkeypatch) -> None:
+    monkeypatch.setattr(host_threads, "workers", lambda: 2)
+    finished = []
+
+    def work(part: int) -> int:
+        if part == 1:
+            raise RuntimeError("part 1 failed")
+        finished.append(part)
+        return part * 10
+
+    assert host_threads.run_split(lambda part: part * 10, [3, 1, 2]) == [30, 10, 20]
+    with pytest.raises(RuntimeError, match="part 1 failed"):
+        host_threads.run_split(work, [0, 1, 2, 3])
+    assert sorted(finished) == [0, 2, 3]
+    assert host_threads.chunks(10, 4) == [(0, 5), (5, 10)]
+    assert host_threads.chunks(3, 4) == [(0, 3)]  # too little for two threads
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_splits_work_on_its_own_pool(monkeypatch) -> None:
+    """The child has none of the parent's pool threads: it must not wait on them."""
+    monkeypatch.setattr(host_threads, "workers", lambda: 2)
+    assert host_threads.run_split(lambda part: part, [1, 2]) == [1, 2]  # the parent's pool
+    child = multiprocessing.get_context("fork").Process(target=_split_in_child)
+    child.start()
+    child.join(60)
+    if child.is_alive():  # waiting on the parent's threads, which the child does not have
+        child.kill()
+    assert child.exitcode == 0
+
+
+def _split_in_child() -> None:
+    os._exit(0 if host_threads.run_split(lambda part: part + 1, [1, 2]) == [2, 3] else 1)
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
