@@ -25,6 +25,7 @@ from lucid_replay.fields import Field
 from lucid_replay.laws import Prioritized, Uniform
 from lucid_replay.mixtures import Mixture
 from lucid_replay.prioritized import PrioritizedSequenceReplay
+from lucid_replay.protocols import Adds, PrioritizedReplayLike, ReplayLike
 from lucid_replay.recency import Recency
 from lucid_replay.replay import SequenceReplay
 from lucid_replay.returns import n_step_returns
@@ -33,6 +34,7 @@ from lucid_replay.window import Window
 from lucid_replay.writer import EpisodeWriter
 
 __all__ = [
+    "Adds",
     "Batch",
     "CheckpointError",
     "Episode",
@@ -47,9 +49,11 @@ __all__ = [
     "Mixture",
     "Prioritized",
     "PrioritizedBatch",
+    "PrioritizedReplayLike",
     "PrioritizedSequenceReplay",
     "RateLimiterTimeout",
     "Recency",
+    "ReplayLike",
     "ReuseLimitError",
     "SchemaDtypeError",
     "SchemaError",

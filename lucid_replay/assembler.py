@@ -9,6 +9,7 @@ import torch
 
 from lucid_replay.episode import Episode
 from lucid_replay.errors import EpisodesNotStoredError, must, wrong_kind, wrong_type
+from lucid_replay.protocols import Adds
 from lucid_replay.tensordict import (
     NestedKey,
     check_tensordict,
@@ -111,7 +112,7 @@ class TrajectoryAssembler:
 
     def __init__(
         self,
-        buffer: Any,
+        buffer: Adds,
         *,
         traj_key: NestedKey = ("collector", "traj_ids"),
         done_key: NestedKey = ("next", "done"),

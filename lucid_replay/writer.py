@@ -14,6 +14,7 @@ import numpy as np
 from lucid_replay.checks import check_int
 from lucid_replay.episode import Episode
 from lucid_replay.errors import must, wrong_kind
+from lucid_replay.protocols import Adds
 from lucid_replay.writer_pages import (
     Column,
     PageTable,
@@ -138,7 +139,7 @@ class EpisodeWriter:
     ([10.0, 11.0], False)
     """
 
-    def __init__(self, buffer: Any, num_envs: int, *, autoreset: Any = "next_step") -> None:
+    def __init__(self, buffer: Adds, num_envs: int, *, autoreset: Any = "next_step") -> None:
         if not callable(getattr(buffer, "add", None)):
             raise wrong_kind(
                 "buffer", "an object with an add(episode) method", type(buffer).__name__
