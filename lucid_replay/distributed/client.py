@@ -25,6 +25,7 @@ from lucid_replay.distributed.control import summary
 from lucid_replay.distributed.episode_streams import ShardedStreams
 from lucid_replay.distributed.lifecycle import ClientLife, ClientPriorities
 from lucid_replay.distributed.limiter import RateLimiterConfig
+from lucid_replay.distributed.reports import ClientReports
 from lucid_replay.distributed.stream import BatchStream
 from lucid_replay.episode import Episode
 from lucid_replay.fields import Field
@@ -38,7 +39,7 @@ __all__ = ["ShardedReplay"]
 _MAX_PREFETCH = 2**16
 
 
-class ShardedReplay(ClientLife, ClientPriorities, ShardedStreams):
+class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams):
     r"""A prioritized sequence replay split over shards, drawing exactly what one buffer would.
 
     Build it with `create` (or `load`). Each shard is a `PrioritizedSequenceReplay` of

@@ -353,6 +353,10 @@ class ReplayShard(ShardStreams):
             "pid": calls.process_id(),
         }
 
+    def memory_report(self) -> dict[str, Any]:
+        """The shard buffer's `SequenceReplay.memory_report`."""
+        return self.buffer.memory_report()
+
     # --------------------------------------------------------------------- persistence
     def _meta(self, generation: int | None) -> dict[str, Any]:
         return {
