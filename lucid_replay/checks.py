@@ -57,6 +57,28 @@ def check_int(param: str, value: Any, *, minimum: int, maximum: int = INT64_MAX)
     return number
 
 
+UNITS = ("chunk", "episode")  # what a draw picks first: the anchor, or its episode
+MAX_BATCH = 2**31 - 1  # the most rows a batch may have
+MAX_PREFETCH = 2**16  # the most batches `iterate` may draw ahead
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """``batch_size`` as an int in ``[1, MAX_BATCH]``."""
+    return check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
+
+
+def check_prefetch(prefetch: Any) -> int:
+    """``prefetch`` (batches drawn ahead) as an int in ``[1, MAX_PREFETCH]``."""
+    return check_int("prefetch", prefetch, minimum=1, maximum=MAX_PREFETCH)
+
+
+def check_unit(unit: Any) -> str:
+    """``unit``, one of `UNITS`."""
+    if not isinstance(unit, str) or unit not in UNITS:
+        raise must("unit", f"one of {UNITS}", unit)
+    return unit
+
+
 def check_float(
     param: str,
     value: Any,

@@ -152,3 +152,35 @@ def wrong_type(param: str, rule: str, got: Any) -> InvalidTypeError:
 def wrong_kind(param: str, rule: str, observed: str) -> InvalidTypeError:
     """As `wrong_type`, with ``observed`` already phrased (``"dtype torch.bool"``)."""
     return InvalidTypeError(f"{param} must be {rule}, got {observed}")
+
+
+# The refusals of a draw, written once: one buffer and the shards (whose client refuses what
+# the single buffer over all of their episodes would) raise the same messages.
+def empty_buffer() -> InvalidArgumentError:
+    """A draw from a buffer (or every shard) with no episode stored."""
+    return must_have("the buffer", "non-empty to sample", "0 stored episodes")
+
+
+def span_too_long(what: str, span: int, longest: int) -> InvalidArgumentError:
+    """A draw of ``what`` (the span's name) longer than every stored episode."""
+    return must(what, f"<= the longest stored episode ({longest} steps)", span)
+
+
+def span_not_committed(what: str, need: int, longest: int) -> InvalidArgumentError:
+    """A draw whose only episodes are open ones too short for ``need`` committed steps."""
+    return must_have(
+        what,
+        f"a span that open episodes' committed steps hold ({need} steps with the bootstrap "
+        "records)",
+        f"{longest} committed steps at most",
+    )
+
+
+def reuse_limit_reached(
+    reuse_limit: int | None, left: int | None, batch_size: int
+) -> ReuseLimitError:
+    """A draw of ``batch_size`` beyond the ``left`` draws the reuse limit still allows."""
+    return ReuseLimitError(
+        f"batch_size must be <= the draws left under max_times_sampled={reuse_limit} for "
+        f"the eligible episodes ({left}), got {batch_size}"
+    )

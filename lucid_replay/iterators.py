@@ -21,9 +21,9 @@ import torch
 
 from lucid_replay import engine
 from lucid_replay.batch import WindowBatch
-from lucid_replay.checks import check_device, check_int
+from lucid_replay.checks import check_batch_size, check_device, check_prefetch
 from lucid_replay.core import ReplayCore, _SpanName
-from lucid_replay.errors import must_have, wrong_type
+from lucid_replay.errors import empty_buffer, wrong_type
 from lucid_replay.prefetch import Prefetcher, recycling
 from lucid_replay.records import Anchors
 from lucid_replay.trees import episode_anchors
@@ -31,9 +31,6 @@ from lucid_replay.window import Window, check_window
 from lucid_replay.without_replacement import checked_replacement
 
 __all__: list[str] = []  # internal module (the methods are `SequenceReplay`'s)
-
-_MAX_BATCH = 2**31 - 1
-_MAX_PREFETCH = 2**16
 
 
 class Iterators:
@@ -85,8 +82,8 @@ class Iterators:
         later draw. Without it (the default) every batch owns its memory. ``replacement``:
         as `sample_windows` (for each batch).
         """
-        check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
-        check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
+        check_batch_size(batch_size)
+        check_prefetch(prefetch)
         check_window(window, segmented=self._core.store.segments is not None)
         if not isinstance(recycle, bool):
             raise wrong_type("recycle", "a bool", recycle)
@@ -174,7 +171,7 @@ class Iterators:
         ... )
         [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (1, 3)]
         """
-        check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
+        check_batch_size(batch_size)
         check_window(window, segmented=self._core.store.segments is not None)
         if not isinstance(drop_last, bool):
             raise wrong_type("drop_last", "a bool", drop_last)
@@ -208,7 +205,7 @@ def _plan(core: ReplayCore, batch_size: int, window: Window) -> _Plan:
     """The anchors eligible now and their random order (vectorised, O(E + N))."""
     sampler, table = core.sampler, core.store.table
     if table.num_episodes == 0:
-        raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
+        raise empty_buffer()
     span, extra = window.anchor_span, window.open_anchor_span - window.anchor_span
     extra = extra if table.segmented else 0
     owners, device = table.owners(), table.device

@@ -48,31 +48,16 @@ class Priorities:
 
     # ---------------------------------------------------------------------- errors
     def of_errors(self, errors: torch.Tensor) -> torch.Tensor:
-        """``|errors| + epsilon`` (float64), refusing a sum beyond float64's range.
-
-        ``errors`` is float64 and finite (checked by the caller).
-        """
-        values = engine.view(errors)
-        with np.errstate(over="ignore"):  # an overflow to inf is refused just below
-            priorities = abs(values) + self.epsilon
-        if not engine.all_finite(priorities):
-            at = int(engine.flat_nonzero(~(abs(priorities) < math.inf))[0])
-            raise must(
-                f"errors[{at}]",
-                f"at most {_FLOAT64_MAX - self.epsilon:.6g} so that |error| + epsilon stays finite",
-                float(errors[at]),
-            )
-        return engine.tensor(priorities)
+        """`priorities_of` ``errors`` with this epsilon."""
+        return priorities_of(errors, self.epsilon)
 
     def raise_max(self, priority: float) -> None:
         """Raise the largest priority ever set to ``priority`` if it is larger."""
         self.max_priority = max(self.max_priority, priority)
 
     def anneal(self, fraction: Any, final: Any) -> None:
-        """``beta = beta0 + fraction * (final - beta0)``; validated, calls do not compound."""
-        fraction = check_float("fraction", fraction, minimum=0.0, maximum=1.0)
-        final = check_float("final", final, minimum=0.0)
-        self.beta = self.initial_beta + fraction * (final - self.initial_beta)
+        """Set beta to `annealed_beta` of the initial beta; calls do not compound."""
+        self.beta = annealed_beta(self.initial_beta, fraction, final)
 
     # --------------------------------------------------------------------- weights
     def weights(
@@ -121,6 +106,43 @@ class Priorities:
         restored = Priorities(self.alpha, self.initial_beta, self.epsilon)
         restored.beta, restored.max_priority = beta, largest
         return restored
+
+
+def annealed_beta(initial: float, fraction: Any, final: Any) -> float:
+    """``initial + fraction * (final - initial)``, ``fraction`` in ``[0, 1]``, ``final >= 0``.
+
+    Raises
+    ------
+    InvalidArgumentError, InvalidTypeError
+        Naming ``fraction`` or ``final``.
+    """
+    share = check_float("fraction", fraction, minimum=0.0, maximum=1.0)
+    target = check_float("final", final, minimum=0.0)
+    return initial + share * (target - initial)
+
+
+def priorities_of(errors: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``|errors| + epsilon`` (float64 ``errors``), refusing what no priority can be.
+
+    A NaN or infinite error is refused, and so is an error whose sum with ``epsilon``
+    leaves float64's range; the error names the first such position (``errors[i]``). The
+    one rule for one buffer and for a sharded replay's client, which checks before it
+    routes the errors to the shards.
+    """
+    values = engine.view(errors)
+    if not engine.all_finite(values):
+        at = int(engine.flat_nonzero(~(abs(values) < math.inf))[0])
+        raise must(f"errors[{at}]", "finite", float(errors[at]))
+    with np.errstate(over="ignore"):  # an overflow to inf is refused just below
+        priorities = abs(values) + epsilon
+    if not engine.all_finite(priorities):
+        at = int(engine.flat_nonzero(~(abs(priorities) < math.inf))[0])
+        raise must(
+            f"errors[{at}]",
+            f"at most {_FLOAT64_MAX - epsilon:.6g} so that |error| + epsilon stays finite",
+            float(errors[at]),
+        )
+    return engine.tensor(priorities)
 
 
 def window_priorities(

@@ -234,10 +234,6 @@ class PrioritizedSequenceReplay(SequenceReplay):
         values = as_vector("errors", errors, torch.float64, self._device)
         if ids.shape != values.shape:
             raise must("errors", f"as long as indices ({ids.numel()})", values.numel())
-        finite = torch.isfinite(values)
-        if not bool(finite.all()):
-            at = int((~finite).nonzero()[0])
-            raise must(f"errors[{at}]", "finite", float(values[at]))
         priorities = self._priorities.of_errors(values)
         with self._lock:
             self._check_issued(ids)

@@ -125,10 +125,11 @@ class PrioritizedReplayLike(ReplayLike, Protocol):
 
     Examples
     --------
-    >>> from lucid_replay import PrioritizedReplayLike, PrioritizedSequenceReplay, SequenceReplay
-    >>> isinstance(PrioritizedSequenceReplay(100), PrioritizedReplayLike)
+    >>> from lucid_replay import PrioritizedReplayLike as Like
+    >>> from lucid_replay import PrioritizedSequenceReplay, SequenceReplay
+    >>> isinstance(PrioritizedSequenceReplay(100), Like)
     True
-    >>> isinstance(SequenceReplay(100), PrioritizedReplayLike)
+    >>> isinstance(SequenceReplay(100), Like)
     False
     """
 

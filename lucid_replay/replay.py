@@ -19,10 +19,15 @@ from lucid_replay import checkpoint, forks
 from lucid_replay.allocators import MEMORY
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch, record_positions
 from lucid_replay.blocks import CACHE_BYTES, checked_cache
-from lucid_replay.checks import check_device, check_int, make_generator
+from lucid_replay.checks import (
+    check_batch_size,
+    check_device,
+    check_int,
+    check_unit,
+    make_generator,
+)
 from lucid_replay.core import ReplayCore
 from lucid_replay.episode import Episode
-from lucid_replay.errors import must
 from lucid_replay.fields import Field
 from lucid_replay.iterators import Iterators
 from lucid_replay.laws import checked_flag
@@ -37,9 +42,6 @@ from lucid_replay.window import MAX_RECORDS, Window, check_window
 from lucid_replay.without_replacement import checked_replacement
 
 __all__ = ["SequenceReplay"]
-
-_UNITS = ("chunk", "episode")
-_MAX_BATCH = 2**31 - 1
 
 
 class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
@@ -132,8 +134,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
     ) -> None:
         declared = None if schema is None else Schema.declared(schema)
         self._capacity = check_int("capacity", capacity, minimum=1, maximum=2**62)
-        if unit not in _UNITS:
-            raise must("unit", f"one of {_UNITS}", unit)
+        check_unit(unit)
         segment_length, priority_unit = checked_segmenting(
             segment_length,
             self._asked_priority_unit(),
@@ -329,7 +330,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         replacement: object = True,
     ) -> Batch:
         """Chunks by the law of ``prioritized`` (``None``: the selector, with weights)."""
-        check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
+        check_batch_size(batch_size)
         check_int("length", length, minimum=1, maximum=MAX_RECORDS)
         target, replacement = self._out_device(device, out), checked_replacement(replacement)
         law, weights = self._draw_law(prioritized)
@@ -367,7 +368,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         eligible anchors (episodes) is refused, nothing drawn. See the concepts page
         "Epochs and draws without replacement".
         """
-        check_int("batch_size", batch_size, minimum=1, maximum=_MAX_BATCH)
+        check_batch_size(batch_size)
         self._check_window(window)
         law, use_priorities = self._draw_law(prioritized)
         target, replacement = self._out_device(device, out), checked_replacement(replacement)

@@ -17,7 +17,13 @@ import torch
 
 from lucid_replay import engine, sum_tree
 from lucid_replay.engine import Array
-from lucid_replay.errors import ReuseLimitError, must, must_have
+from lucid_replay.errors import (
+    ReuseLimitError,
+    empty_buffer,
+    reuse_limit_reached,
+    span_not_committed,
+    span_too_long,
+)
 from lucid_replay.laws import Law
 from lucid_replay.records import Anchors
 from lucid_replay.table import EpisodeTable
@@ -73,7 +79,7 @@ class AnchorSampler:
     ) -> Anchors:
         """`draw`, after refusing a table with nothing eligible (``str(what)`` names the span)."""
         if self.table.num_episodes == 0:
-            raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
+            raise empty_buffer()
         cached = self.trees.cached(span, law, extra)
         if cached.total() <= 0:
             raise self.nothing_eligible(span, what, batch_size, extra)
@@ -302,23 +308,14 @@ class AnchorSampler:
         stored = owners.total[slots] - owners.first_stored[slots]
         longest = int(stored.max())
         if longest < span:
-            return must(str(what), f"<= the longest stored episode ({longest} steps)", span)
+            return span_too_long(str(what), span, longest)
         if not bool((episode_anchors(owners, slots, span, extra) > 0).any()):
-            return must_have(
-                str(what),
-                f"a span that open episodes' committed steps hold ({span + extra} steps "
-                "with the bootstrap records)",
-                f"{int(stored.max())} committed steps at most",
-            )
+            return span_not_committed(str(what), span + extra, longest)
         return self.reuse_limit_error(span, batch_size, extra)
 
     def reuse_limit_error(self, span: int, batch_size: int, extra: int = 0) -> ReuseLimitError:
         """The error for asking ``batch_size`` draws of ``span`` beyond the reuse limit."""
-        return ReuseLimitError(
-            f"batch_size must be <= the draws left under max_times_sampled="
-            f"{self.reuse_limit} for the eligible episodes ({self.draws_left(span, extra)}), "
-            f"got {batch_size}"
-        )
+        return reuse_limit_reached(self.reuse_limit, self.draws_left(span, extra), batch_size)
 
 
 def _count_draws(times: Array, slots: Array) -> None:

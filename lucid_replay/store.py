@@ -33,6 +33,29 @@ __all__: list[str] = []  # internal module
 COUNTS = ("episodes_added", "transitions_added", "episodes_evicted", "transitions_evicted")
 
 
+def check_episode(
+    episode: object, schema: Schema | None, capacity: int, *, declared: bool
+) -> Schema:
+    """The schema ``episode`` is stored under, after ``schema`` (None: the first fixes it).
+
+    The one rule for what a buffer stores, which a sharded replay's client applies before it
+    sends an episode to a shard: an `Episode` of at most ``capacity`` steps, whose fields,
+    shapes and dtypes are ``schema``'s; a ``declared`` schema also takes same-kind dtypes,
+    cast when stored, if the cast changes no value.
+    """
+    if not isinstance(episode, Episode):
+        raise wrong_kind("episode", "an Episode", type(episode).__name__)
+    if len(episode) > capacity:
+        raise must("episode length", f"<= capacity ({capacity})", len(episode))
+    if schema is None:
+        episode.schema.check_storable()
+        return episode.schema
+    schema.check(episode.schema, cast=declared)
+    if declared and episode.schema != schema:
+        schema.check_casts(episode.steps)  # a cast must not change a value
+    return schema
+
+
 class EpisodeStore:
     """A schema, a ring of ``capacity`` transitions on ``device``, and the episode table.
 
@@ -87,17 +110,7 @@ class EpisodeStore:
     # ---------------------------------------------------------------------------- adding
     def checked_schema(self, episode: object, schema: Schema | None) -> Schema:
         """The schema ``episode`` is stored under, after ``schema`` (None: the first)."""
-        if not isinstance(episode, Episode):
-            raise wrong_kind("episode", "an Episode", type(episode).__name__)
-        if len(episode) > self.capacity:
-            raise must("episode length", f"<= capacity ({self.capacity})", len(episode))
-        if schema is None:
-            episode.schema.check_storable()
-            return episode.schema
-        schema.check(episode.schema, cast=self.declared)
-        if self.declared and episode.schema != schema:
-            schema.check_casts(episode.steps)  # a cast must not change a value
-        return schema
+        return check_episode(episode, schema, self.capacity, declared=self.declared)
 
     def fix_schema(self, schema: Schema) -> None:
         """Allocate the ring for ``schema`` on the first store (all or nothing)."""

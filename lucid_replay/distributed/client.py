@@ -20,7 +20,7 @@ import lucid_replay.distributed.routing as routing
 import lucid_replay.distributed.settings as settings
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.blocks import CACHE_BYTES
-from lucid_replay.checks import check_device, check_int
+from lucid_replay.checks import check_device, check_prefetch
 from lucid_replay.distributed.control import summary
 from lucid_replay.distributed.episode_streams import ShardedStreams
 from lucid_replay.distributed.lifecycle import ClientLife, ClientPriorities
@@ -35,8 +35,6 @@ from lucid_replay.selectors import AnySelector
 from lucid_replay.window import Window
 
 __all__ = ["ShardedReplay"]
-
-_MAX_PREFETCH = 2**16
 
 
 class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams):
@@ -409,7 +407,7 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams)
         `lucid_replay.distributed.stream` for the order of reads and draws.
         """
         spec = draw.window_spec(batch_size, window, None, self._law, self.alpha)
-        check_int("prefetch", prefetch, minimum=1, maximum=_MAX_PREFETCH)
+        check_prefetch(prefetch)
         target = check_device("device", "cpu" if device is None else device)
         timeout = settings.checked_timeout(timeout)
         return BatchStream(self, spec, prefetch, target, timeout)

@@ -30,15 +30,18 @@ import numpy as np
 import torch
 
 from lucid_replay import engine
-from lucid_replay.checks import check_int
-from lucid_replay.errors import ReuseLimitError, must, must_have
+from lucid_replay.checks import check_batch_size, check_int
+from lucid_replay.errors import (
+    empty_buffer,
+    reuse_limit_reached,
+    span_not_committed,
+    span_too_long,
+)
 from lucid_replay.laws import Law, Uniform, checked_flag, importance_weights, priority_weights
 from lucid_replay.mixtures import Mixture
 from lucid_replay.window import MAX_RECORDS, Window, check_window
 
 __all__: list[str] = []  # internal module
-
-MAX_BATCH = 2**31 - 1
 
 
 @attrs.frozen
@@ -87,7 +90,7 @@ class Pending:
 
 def chunk_spec(batch_size: int, length: int, law: Law | Mixture, weights: bool) -> Spec:
     """A checked draw of chunks of ``length`` steps by ``law``."""
-    check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
+    check_batch_size(batch_size)
     check_int("length", length, minimum=1, maximum=MAX_RECORDS)
     return Spec(batch_size, Window(length), law, True, "length", weights)
 
@@ -96,7 +99,7 @@ def window_spec(
     batch_size: int, window: Window, prioritized: object, selector: Law | Mixture, alpha: float
 ) -> Spec:
     """A checked draw of windows (``prioritized=None``: by ``selector``, with weights)."""
-    check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
+    check_batch_size(batch_size)
     check_window(window)
     law, weights = checked_flag(prioritized, selector, alpha, buffer="ShardedReplay")
     what = "length" if window == Window(window.length) else "the window's anchor span"
@@ -116,34 +119,20 @@ def plan(law: Law | Mixture, num_shards: int) -> tuple[tuple[Any, ...], np.ndarr
 def check(infos: list[dict[str, Any]], spec: Spec, reuse_limit: int | None) -> None:
     """Refuse a draw the single buffer over every shard would refuse, with its message."""
     if sum(info["episodes"] for info in infos) == 0:
-        raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
+        raise empty_buffer()
     span = spec.window.anchor_span
     if all(info["log_mass"] == -math.inf for info in infos):
         longest = max(info["longest"] for info in infos)
         if longest < span:
-            raise must(spec.what, f"<= the longest stored episode ({longest} steps)", span)
+            raise span_too_long(spec.what, span, longest)
         if not any(info.get("eligible", True) for info in infos):  # open episodes too short
-            need = spec.window.open_anchor_span
-            raise must_have(
-                spec.what,
-                f"a span that open episodes' committed steps hold ({need} steps with the "
-                "bootstrap records)",
-                f"{longest} committed steps at most",
-            )
+            raise span_not_committed(spec.what, spec.window.open_anchor_span, longest)
     if reuse_limit is not None:
         left = sum(info["draws_left"] for info in infos)
         if left < spec.batch_size:
-            raise reuse_limit_error(reuse_limit, left, spec.batch_size)
+            raise reuse_limit_reached(reuse_limit, left, spec.batch_size)
     if all(info["log_mass"] == -math.inf for info in infos):  # defensive: no mass anywhere
-        raise reuse_limit_error(reuse_limit or 0, 0, spec.batch_size)
-
-
-def reuse_limit_error(reuse_limit: int, left: int, batch_size: int) -> ReuseLimitError:
-    """The single buffer's error for a draw beyond the reuse limit."""
-    return ReuseLimitError(
-        f"batch_size must be <= the draws left under max_times_sampled={reuse_limit} for "
-        f"the eligible episodes ({left}), got {batch_size}"
-    )
+        raise reuse_limit_reached(reuse_limit or 0, 0, spec.batch_size)
 
 
 def labels(rng: np.random.Generator, log_masses: list[float], count: int) -> np.ndarray:
@@ -202,7 +191,7 @@ def _round(
             continue
         if np.all(masses[j] == -math.inf):
             # Only when the reuse limit (or another caller) left this component nothing.
-            raise reuse_limit_error(pending.reuse_limit or 0, 0, spec.batch_size)
+            raise reuse_limit_reached(pending.reuse_limit or 0, 0, spec.batch_size)
         labelled[at] = j * num_shards + labels(rng, list(masses[j]), at.size)
     pending.labels, pending.components = labelled, components
     pending.totals = np.array([log_total(row) for row in masses])
@@ -255,7 +244,7 @@ def finish(
             return pending
         if np.all(pending.log_masses == -math.inf):
             # Only when another caller drew or evicted between the check and this round.
-            raise reuse_limit_error(pending.reuse_limit or 0, 0, spec.batch_size)
+            raise reuse_limit_reached(pending.reuse_limit or 0, 0, spec.batch_size)
         _round(shards, rng, pending, pending.components[~kept_mask])
 
 

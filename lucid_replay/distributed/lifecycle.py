@@ -12,8 +12,8 @@ import lucid_replay.distributed.backends as backends
 import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.routing as routing
 from lucid_replay.batch import Batch, WindowBatch
-from lucid_replay.checks import check_float
 from lucid_replay.errors import must
+from lucid_replay.priorities import annealed_beta
 
 __all__: list[str] = []  # internal module
 
@@ -109,9 +109,7 @@ class ClientPriorities:
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
         """``beta = beta0 + fraction * (final - beta0)`` on the client and every shard."""
-        fraction = check_float("fraction", fraction, minimum=0.0, maximum=1.0)
-        final = check_float("final", final, minimum=0.0)
+        beta = annealed_beta(self._config["beta"], fraction, final)  # checks both first
         self._check_open()
         calls.get([s.anneal_beta.remote(fraction, final) for s in self._shards])
-        beta0 = self._config["beta"]
-        self._beta = beta0 + fraction * (final - beta0)
+        self._beta = beta

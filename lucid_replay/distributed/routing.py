@@ -25,13 +25,13 @@ import torch
 import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.coordination as coordination
 import lucid_replay.distributed.ids as ids
-import lucid_replay.distributed.settings as settings
 import lucid_replay.distributed.transport as transport
 from lucid_replay.batch import record_positions
 from lucid_replay.checks import as_vector
 from lucid_replay.errors import must, wrong_kind
-from lucid_replay.priorities import batch_errors
+from lucid_replay.priorities import batch_errors, priorities_of
 from lucid_replay.schema import Schema
+from lucid_replay.store import check_episode
 
 __all__: list[str] = []  # internal module
 
@@ -46,7 +46,7 @@ def update(replay: Any, indices: Any, errors: Any) -> int:
     values = as_vector("errors", errors, torch.float64, cpu).numpy()
     if id_values.shape != values.shape:
         raise must("errors", f"as long as indices ({id_values.size})", values.size)
-    settings.check_errors(values, replay.epsilon)
+    priorities_of(torch.from_numpy(values), replay.epsilon)  # the one buffer's refusals
     with replay._lock:  # one update at a time: marks, counters and the maximum
         shard_of = check_issued(replay, id_values, segments=replay.priority_unit == "segment")
         shards = replay._shards
@@ -154,7 +154,9 @@ def agree_schema(replay: Any, schema: Schema) -> Schema:
 def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
     """`ShardedReplay.extend`: every episode checked, then one call per shard in parallel."""
     schema = known_schema(replay) if episodes else replay._schema
-    settings.check_episodes(episodes, schema, replay.shard_capacity)
+    declared = replay._config["schema"] is not None  # casts as a declared schema's buffer
+    for episode in episodes:
+        schema = check_episode(episode, schema, replay.shard_capacity, declared=declared)
     if not episodes:
         return []
     lengths = np.array([len(e) for e in episodes], dtype=np.int64)

@@ -19,31 +19,24 @@ import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.options as options
 from lucid_replay.blocks import CACHE_BYTES
-from lucid_replay.checks import check_float, check_int
+from lucid_replay.checks import check_float, check_int, check_unit
 from lucid_replay.distributed.limiter import (
     MinSize,
     RateLimiterConfig,
     SampleToInsertRatio,
     check_limiter,
 )
-from lucid_replay.episode import Episode
-from lucid_replay.errors import must, wrong_kind, wrong_type
-from lucid_replay.schema import Schema
+from lucid_replay.errors import must, wrong_type
 from lucid_replay.segments import checked_segmenting
 
 __all__: list[str] = []  # internal module
-
-_UNITS = ("chunk", "episode")
-_FLOAT64_MAX = float(np.finfo(np.float64).max)
 
 
 def checked(**arguments: Any) -> dict[str, Any]:
     """The configuration of `ShardedReplay.create`'s arguments, every one validated."""
     num_shards = check_int("num_shards", arguments["num_shards"], minimum=1, maximum=ids.MAX_SHARDS)
     capacity = check_int("capacity", arguments["capacity"], minimum=num_shards, maximum=2**62)
-    unit = arguments["unit"]
-    if unit not in _UNITS:
-        raise must("unit", f"one of {_UNITS}", unit)
+    unit = check_unit(arguments["unit"])
     seed = arguments["seed"]
     if seed is not None:
         seed = check_int("seed", seed, minimum=0, maximum=2**64 - 1)
@@ -168,23 +161,6 @@ def checked_timeout(timeout: Any) -> float | None:
     return check_float("timeout", timeout, minimum=0.0)
 
 
-def check_errors(values: np.ndarray, epsilon: float) -> None:
-    """Refuse NaN or infinite errors, and errors whose ``|error| + epsilon`` overflows."""
-    finite = np.isfinite(values)
-    if not finite.all():
-        at = int(np.flatnonzero(~finite)[0])
-        raise must(f"errors[{at}]", "finite", float(values[at]))
-    with np.errstate(over="ignore"):
-        overflow = np.isinf(np.abs(values) + epsilon)
-    if overflow.any():
-        at = int(np.flatnonzero(overflow)[0])
-        raise must(
-            f"errors[{at}]",
-            f"at most {_FLOAT64_MAX - epsilon:.6g} so that |error| + epsilon stays finite",
-            float(values[at]),
-        )
-
-
 def config_property(name: str, doc: str) -> Any:
     """A read-only property returning ``self._config[name]``."""
 
@@ -193,17 +169,3 @@ def config_property(name: str, doc: str) -> Any:
 
     read.__doc__ = doc
     return property(read)
-
-
-def check_episodes(episodes: list[Any], schema: Schema | None, capacity: int) -> None:
-    """The buffer's checks of each episode against ``schema`` (``None``: the first fixes it)."""
-    for episode in episodes:
-        if not isinstance(episode, Episode):
-            raise wrong_kind("episode", "an Episode", type(episode).__name__)
-        if len(episode) > capacity:
-            raise must("episode length", f"<= capacity ({capacity})", len(episode))
-        if schema is None:
-            episode.schema.check_storable()
-            schema = episode.schema
-        else:
-            schema.check(episode.schema)
