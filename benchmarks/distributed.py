@@ -10,7 +10,11 @@ Rows, all in one run:
   the client, one ``add`` per episode);
 * the loop "add one 256-step episode, sample 256 windows, update their priorities" through
   the client (Ray and local backends) against the single buffer;
-* restart time of a killed shard and the episodes it lost, against ``checkpoint_every``.
+* restart time of a killed shard and the episodes it lost, against ``checkpoint_every``;
+* transports: batches/s of prioritized ``iterate(prefetch=2)`` (priorities updated each
+  batch, ``defer=True``) through ``transport="shared"`` and ``"object"`` Ray clients of 1, 2
+  and 4 shards, against in-process draws plus updates, and bytes copied per batch over its
+  bytes (``transport_stats``) for 64 and 256 windows (``--only transport`` runs just these).
 
 Only the public API is used. On a 2-core machine every shard, writer and the learner share
 the same two cores: the numbers show per-call costs and overlap, not multi-node scaling.
@@ -211,6 +215,51 @@ def restart_rows(stored: int, after: int) -> list[dict[str, Any]]:
     return rows
 
 
+def transport_rows(transitions: int, batches: int) -> list[dict[str, Any]]:
+    buffer = PrioritizedSequenceReplay(transitions + 1000, seed=0)
+    fill([buffer], transitions)
+    errors = np.random.default_rng(0).random(BATCH)
+
+    def in_process() -> None:
+        batch = buffer.sample_windows(BATCH, WINDOW)
+        buffer.update_priorities(batch.episode_ids, errors)
+
+    base = rate(in_process, batches)
+    rows = [
+        {"what": "in-process sample + update", "batches_per_s": base, "of_in_process": 1.0,
+         "copied_per_batch_bytes": 1.0}
+    ]  # fmt: skip
+    for shards in (1, 2, 4):
+        for transport in ("shared", "object"):
+            replay = ShardedReplay.create(
+                shards, transitions + 1000 * shards, seed=0, transport=transport
+            )
+            fill([replay], transitions)
+            stream: Any = replay.iterate(BATCH, WINDOW, prefetch=2)
+
+            def streamed(stream: Any = stream, replay: Any = replay) -> None:
+                batch = next(stream)
+                replay.update_priorities(batch.episode_ids, errors, defer=True)
+
+            speed = rate(streamed, batches)
+            stats = replay.transport_stats()
+            rows.append(
+                {"what": f"iterate + update, {transport}, {shards} shards",
+                 "batches_per_s": speed, "of_in_process": speed / base,
+                 "copied_per_batch_bytes": stats["copy_ratio_last"]}
+            )  # fmt: skip
+            stream.close()
+            for size in (64,) if shards == 2 else ():
+                replay.sample_windows(size, WINDOW)
+                rows.append(
+                    {"what": f"{size} windows, {transport}, {shards} shards",
+                     "batches_per_s": 0.0, "of_in_process": 0.0,
+                     "copied_per_batch_bytes": replay.transport_stats()["copy_ratio_last"]}
+                )  # fmt: skip
+            replay.close()
+    return rows
+
+
 # ---------------------------------------------------------------------------- main
 def table(rows: list[dict[str, Any]]) -> str:
     keys = list(rows[0])
@@ -226,6 +275,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--only", default="", help="'transport': only the transport rows")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.update(
@@ -237,12 +287,16 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     quick = args.quick
     transitions = 20_000 if quick else 200_000
-    results = {
-        "sampling": sampling_rows(transitions, 2, 5 if quick else 40),
-        "writers": writer_rows(2, 10 if quick else 150),
-        "loop": loop_rows(transitions, 2, 5 if quick else 40),
-        "restart": restart_rows(20 if quick else 300, 10 if quick else 60),
+    results: dict[str, list[dict[str, Any]]] = {
+        "transport": transport_rows(transitions, 5 if quick else 30),
     }
+    if args.only != "transport":
+        results |= {
+            "sampling": sampling_rows(transitions, 2, 5 if quick else 40),
+            "writers": writer_rows(2, 10 if quick else 150),
+            "loop": loop_rows(transitions, 2, 5 if quick else 40),
+            "restart": restart_rows(20 if quick else 300, 10 if quick else 60),
+        }
     ray.shutdown()
     print(f"stored transitions: {transitions}; window {WINDOW.size} records x {BATCH}\n")
     for name, rows in results.items():

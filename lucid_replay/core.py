@@ -257,7 +257,8 @@ class ReplayCore:
         *,
         chunks: bool,
         probe: Callable[[Array], Any] | None = None,
-    ) -> tuple[Batch | WindowBatch, Array, torch.Tensor, Any]:
+        locate: Callable[[Anchors], Any] | None = None,
+    ) -> tuple[Any, Array, torch.Tensor, Any]:
         """One round of a draw coordinated across several buffers (see `AnchorSampler.draw_round`).
 
         ``count`` draws of ``window`` (or of chunks of ``window.length`` steps), the ones the
@@ -265,8 +266,10 @@ class ReplayCore:
         (no weights: the coordinator computes them over the merged batch), their priorities
         (an `engine` array, ``None`` unless ``law`` is by priority) and which of the draws
         were kept (bool ``[count]``, on the CPU), and what ``probe`` returns of the kept
-        rows (called before retired rows are reclaimed; ``None`` without one). The caller
-        checks that the mass is positive.
+        rows (called before retired rows are reclaimed; ``None`` without one). ``locate``
+        (windows only): what it returns of the kept anchors replaces the batch (a located
+        draw: the records are gathered elsewhere). The caller checks that the mass is
+        positive.
         """
         anchors, kept = self.sampler.draw_round(
             count,
@@ -278,7 +281,7 @@ class ReplayCore:
         probed = None if probe is None else probe(anchors.rows)
         drawn = int(anchors.steps.shape[0])
         self.chunks_sampled += drawn
-        batch: Batch | WindowBatch
+        batch: Any
         if chunks:
             shape, schema = (drawn, window.length), self.store.schema
             out = self.batcher.reserve(
@@ -293,6 +296,8 @@ class ReplayCore:
             assert out is not None  # a positive mass means stored episodes
             store = self.store
             batch = self.batcher.fill_chunks(out, store.ring, store.table, anchors, window.length)
+        elif locate is not None:
+            batch = locate(anchors)
         else:
             batch = self.assemble(anchors, window, target)
         self.store.reclaim_retired()

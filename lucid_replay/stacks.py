@@ -69,7 +69,7 @@ def gather(
         into = {name: out[name] for name in plain}
         part.gather_runs(table, first_offsets, size, stride, records, exact, into, runs)
     count = shape[0] * shape[1]
-    for (frames, pad), names in _groups(stacks, ring.fields).items():
+    for (frames, pad), names in groups(stacks, ring.fields).items():
         firsts, frame_records, frame_exact, before = plan(table, stepped, frames)
         views = {
             name: out[name].view(count, frames, *ring.fields[name].shape[1:]) for name in names
@@ -83,7 +83,7 @@ def gather(
     return dict(out)
 
 
-def _groups(
+def groups(
     stacks: Mapping[str, tuple[int, str]], names: Iterable[str]
 ) -> dict[tuple[int, str], list[str]]:
     """The stacked fields among ``names``, by their stack ``(frames, pad)``."""

@@ -7,10 +7,12 @@ for ``backend="ray"``.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import uuid
 from typing import Any
 
 import lucid_replay.distributed.settings as settings
+import lucid_replay.distributed.sharing as sharing
 from lucid_replay.distributed.calls import BACKENDS, LocalHandle, get
 from lucid_replay.distributed.control import Control
 from lucid_replay.distributed.shards import ReplayShard
@@ -67,8 +69,11 @@ def make_shard(backend: str, index: int, shard: dict[str, Any], control: Any, **
 
 def start(
     config: dict[str, Any], saved: dict[str, Any] | None, paths: list[str] | None
-) -> tuple[list[Any], Any]:
+) -> tuple[list[Any], Any, str]:
     """The shards and control of ``config``, restored from shard files ``paths`` if given.
+
+    Also returns the directory under which ``storage="memory"`` shards share their fields
+    (``transport="shared"`` or ``"auto"``; the client removes it when it closes).
 
     Every shard opens (loads its file) before any writes its first restart file, so a load
     that a shard refuses writes nothing. On any failure every actor started here is stopped
@@ -77,6 +82,7 @@ def start(
     backend = check_backend(config["backend"])
     limiter = settings.limiter_from(config["rate_limiter"])
     replay = uuid.uuid4().hex
+    root = sharing.shared_root(replay)
     started: list[Any] = []
     try:
         control = make_control(
@@ -90,7 +96,7 @@ def start(
         reference = control if backend == "local" else f"lucid_replay-control-{replay}"
         shards = []
         for k in range(config["num_shards"]):
-            shard = settings.shard_settings(config, k, replay)
+            shard = settings.shard_settings(config, k, replay, root)
             restore = None if paths is None else paths[k]
             shards.append(make_shard(backend, k, shard, reference, restore_path=restore))
             started.append(shards[-1])
@@ -101,8 +107,9 @@ def start(
     except BaseException:
         for handle in reversed(started):
             kill(handle)
+        shutil.rmtree(root, ignore_errors=True)
         raise
-    return shards, control
+    return shards, control, root
 
 
 def _opened(index: int, future: Any, path: str | None) -> None:
@@ -142,7 +149,24 @@ def pickled(backend: str, state: dict[str, Any]) -> dict[str, Any]:
             'a ShardedReplay with backend="local" cannot be pickled: its shards live in '
             'this process (use backend="ray" to add from other processes)'
         )
-    return {k: v for k, v in state.items() if k not in ("_lock", "_rng")}
+    dropped = ("_lock", "_rng", "_mapped", "_deferred", "_resolved", "_transport_stats")
+    return {k: v for k, v in state.items() if k not in dropped}
+
+
+def node_of(handle: Any) -> str | None:
+    """The Ray node id of an actor (``None`` in-process: the client's node)."""
+    if isinstance(handle, LocalHandle):
+        return None
+    return str(get(handle.node.remote()))
+
+
+def client_node(backend: str) -> str | None:
+    """The Ray node id of the calling process (``None`` with ``backend="local"``)."""
+    if backend == "local":
+        return None
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def kill(handle: Any) -> None:

@@ -21,6 +21,7 @@ import lucid_replay.distributed.settings as settings
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.checks import check_device, check_prefetch
+from lucid_replay.distributed.client_transport import ClientTransport
 from lucid_replay.distributed.control import summary
 from lucid_replay.distributed.episode_streams import ShardedStreams
 from lucid_replay.distributed.lifecycle import ClientLife, ClientPriorities
@@ -37,7 +38,7 @@ from lucid_replay.window import Window
 __all__ = ["ShardedReplay"]
 
 
-class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams):
+class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ClientTransport, ShardedStreams):
     r"""A prioritized sequence replay split over shards, drawing exactly what one buffer would.
 
     Build it with `create` (or `load`). Each shard is a `PrioritizedSequenceReplay` of
@@ -83,7 +84,9 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams)
     >>> replay.close()
     """
 
-    def __init__(self, config: dict[str, Any], shards: list[Any], control: Any) -> None:
+    def __init__(
+        self, config: dict[str, Any], shards: list[Any], control: Any, root: str | None = None
+    ) -> None:
         """Use `create` or `load`; the constructor adopts shards already made."""
         self._config = config
         self._shards = shards
@@ -99,6 +102,7 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams)
         self._skipped = 0
         self._closed = False
         self._lock = threading.RLock()
+        self._init_transport(root)
 
     # --------------------------------------------------------------------- construction
     @classmethod
@@ -124,6 +128,8 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams)
         storage: str = "memory",
         directory: str | os.PathLike[str] | None = None,
         cache_bytes: int = CACHE_BYTES,
+        transport: str = "auto",
+        torn: str = "redraw",
     ) -> ShardedReplay:
         """Start ``num_shards`` shards of ``capacity // num_shards`` transitions each.
 
@@ -170,6 +176,18 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams)
             As `SequenceReplay`: ``"memmap"`` keeps shard ``k``'s fields under
             ``directory/shard_<k>`` (``directory`` new or empty). A restarted shard clears
             its directory and reloads its restart file into fresh files.
+        transport
+            How window batches reach the client (chunk draws always come as objects):
+            ``"object"`` (each shard gathers its draws, which travel through Ray's object
+            store and are merged here), ``"shared"`` (shards keep their fields in shared
+            files, under ``/dev/shm`` or the memmap ``directory``, which the client maps
+            read-only and gathers from itself: each byte of a batch copied once; client and
+            shards on one node; no compressed fields), or ``"auto"``: ``"shared"`` where
+            possible, else ``"object"``. See `transport_stats`.
+        torn
+            With ``"shared"``: what becomes of a window whose records were evicted or
+            overwritten while the client copied them: ``"redraw"`` (drawn again by the same
+            law) or ``"invalid"`` (returned with every record invalid). Counted either way.
 
         Raises
         ------
@@ -224,6 +242,8 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams)
             storage=storage,
             directory=directory,
             cache_bytes=cache_bytes,
+            transport=transport,
+            torn=torn,
         )
         return cls._start(config, None, None)
 
@@ -232,8 +252,8 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams)
         cls, config: dict[str, Any], saved: dict[str, Any] | None, paths: list[str] | None
     ) -> ShardedReplay:
         options.claim_check(config["directory"])
-        shards, control = backends.start(config, saved, paths)
-        return cls(config, shards, control)
+        shards, control, root = backends.start(config, saved, paths)
+        return cls(config, shards, control, root)
 
     @classmethod
     def load(
@@ -424,6 +444,7 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams)
         ``samples`` drawn; ``size`` and ``error`` count stored transitions only).
         """
         self._check_open()
+        self._flush_updates()
         per_shard = calls.get([s.stats.remote() for s in self._shards])
         shared = calls.get(self._control.state.remote())
         limited = self._config["rate_limiter"] is not None
@@ -440,4 +461,5 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ShardedStreams)
         """
         self._check_open()
         with self._lock:
+            self._flush_updates()
             checkpoints.save_replay(self, directory)

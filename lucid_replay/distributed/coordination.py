@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.deferred as deferred
 import lucid_replay.distributed.draw as draw
+import lucid_replay.distributed.gathering as gathering
 import lucid_replay.distributed.transport as transport
 from lucid_replay.batch import Batch, WindowBatch
 from lucid_replay.errors import RateLimiterTimeout
@@ -31,17 +33,24 @@ def begin(
     replay._check_open()
     if not acquire(replay, spec.batch_size, inserting=False, timeout=timeout, quiet=optional):
         return None
+    started = time.perf_counter()
     try:
         with replay._lock:
             shards, window = replay._shards, spec.window
             laws, _ = draw.plan(spec.law, len(shards))
-            infos = calls.get([s.info.remote(window, laws) for s in shards])
+            riding = deferred.take(replay)  # priority updates ride this request
+            infos = calls.get(
+                [s.info.remote(window, laws, riding[k]) for k, s in enumerate(shards)]
+            )
+            deferred.settle(replay, infos)
             limit = replay.max_times_sampled
             draw.check(infos, spec, limit)
             masses = np.array([info["log_masses"] for info in infos], dtype=np.float64).T
-            pending = draw.start(shards, replay._rng, spec, masses, limit)
+            located = not spec.chunks and replay._shared()
+            pending = draw.start(shards, replay._rng, spec, masses, limit, located)
             pending.exponent = replay.alpha * replay.beta  # weights as of the start
             pending.beta = replay.beta
+            pending.seconds = time.perf_counter() - started
             return pending
     except BaseException:
         release(replay, samples=spec.batch_size)
@@ -51,14 +60,29 @@ def begin(
 
 
 def complete(replay: Any, pending: draw.Pending, target: torch.device) -> Batch | WindowBatch:
-    """The merged batch of a started draw, on ``target``."""
+    """The merged batch of a started draw, on ``target``.
+
+    A located draw (``transport="shared"``) is gathered by `gathering.complete`.
+    """
+    if pending.located:
+        return gathering.complete(replay, pending, target, begin)
+    started = time.perf_counter()
     with replay._lock:
         draw.finish(replay._shards, replay._rng, pending, calls.get)
+    drawn = time.perf_counter()
     spec = pending.spec
     tensors = transport.merge(pending.pieces, pending.destinations, spec.batch_size, target)
     chances = draw.merged(pending, pending.probabilities, np.float64)
     weights = draw.weights(pending, chances)
     unit = replay._config["priority_unit"]
+    # Each piece was copied by its shard's gather (and into Ray's object store), then here.
+    pieces = sum(value.nbytes for piece in pending.pieces for value in piece.values())
+    size = gathering.batch_bytes(tensors) + chances.nbytes
+    size += 0 if weights is None else weights.nbytes
+    copies = 1 if replay.backend == "local" else 2
+    seconds = pending.seconds + drawn - started
+    gathered = time.perf_counter() - drawn
+    replay._transport_stats.note(copies * pieces + size, size, seconds, gathered, 0)
     return transport.build(
         tensors,
         weights,

@@ -86,6 +86,8 @@ class Pending:
     exponent: float = 1.0  # alpha * beta when the draw started (its weights' exponent)
     beta: float = 1.0  # beta when the draw started (a mixture's weights' exponent)
     reuse_limit: int | None = None
+    located: bool = False  # shards reply with where the records are (transport="shared")
+    seconds: float = 0.0  # spent starting it (reading masses, sending the counts)
 
 
 def chunk_spec(batch_size: int, length: int, law: Law | Mixture, weights: bool) -> Spec:
@@ -152,15 +154,18 @@ def start(
     spec: Spec,
     log_masses: np.ndarray,
     reuse_limit: int | None = None,
+    located: bool = False,
 ) -> Pending:
     """Label the ``batch_size`` positions and ask every labelled shard for its draws.
 
     ``log_masses``: ``[K, S]``, each law of `plan` on each shard. Positions of a mixture
     over several shards first pick their component by the fractions (one uniform each).
+    ``located``: the shards reply with where the records are, not with the records.
     """
     laws, shares = plan(spec.law, len(shards))
     pending = Pending(spec, laws, shares, np.array(log_masses, dtype=np.float64))
     pending.reuse_limit = reuse_limit
+    pending.located = located
     count = spec.batch_size
     if len(laws) == 1:
         components = np.zeros(count, dtype=np.int64)
@@ -198,7 +203,12 @@ def _round(
     counts = np.bincount(labelled, minlength=len(pending.laws) * num_shards)
     pending.futures = {
         g: shards[g % num_shards].draw.remote(
-            int(n), spec.window, pending.laws[g // num_shards], spec.chunks, pending.laws
+            int(n),
+            spec.window,
+            pending.laws[g // num_shards],
+            spec.chunks,
+            pending.laws,
+            pending.located,
         )
         for g, n in enumerate(counts.tolist())
         if n

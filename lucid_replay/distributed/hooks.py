@@ -21,6 +21,7 @@ the coordinator can keep the maximum priority global (`raise_max_priority`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from lucid_replay.errors import wrong_kind
 from lucid_replay.laws import Law
 from lucid_replay.mixtures import Mixture
 from lucid_replay.prioritized import PrioritizedSequenceReplay
+from lucid_replay.records import Anchors
 from lucid_replay.window import Window
 
 __all__: list[str] = []  # internal module
@@ -87,21 +89,34 @@ class ShardHooks:
         return batch, priorities, kept
 
     def draw_probed(
-        self, count: int, window: Window, law: Law | Mixture, laws: tuple[Any, ...], chunks: bool
-    ) -> tuple[Batch | WindowBatch, torch.Tensor | None, torch.Tensor, np.ndarray, list[float]]:
+        self,
+        count: int,
+        window: Window,
+        law: Law | Mixture,
+        laws: tuple[Any, ...],
+        chunks: bool,
+        locate: Callable[[Anchors], Any] | None = None,
+    ) -> tuple[Any, torch.Tensor | None, torch.Tensor, np.ndarray, list[float]]:
         """`draw_round`, plus what the coordinator needs for the kept draws' probabilities.
 
         Also returns float64 ``[K, kept]``: each kept anchor's probability ``m_j / Z_j``
         under each of ``laws`` in this buffer, with its trees as the draw found them, and
         those trees' ``log`` totals ``[K]`` (`log_mass`). A `Mixture` ``law`` (a replay of
         one shard: ``laws`` is ``(law,)``) is drawn whole, as the buffer draws it, every
-        draw kept, with its own probabilities.
+        draw kept, with its own probabilities. ``locate`` (windows): what it returns of the
+        drawn anchors replaces the batch (`ReplayCore.draw_round`).
         """
         buffer = self.buffer
         target = buffer._batch_device(None)
         with buffer._lock:
             core = buffer._core
             totals = [self.log_mass(window, part) for part in laws]
+            if isinstance(law, Mixture) and locate is not None:
+                anchors = core.draw(count, window, law)
+                result = locate(anchors)
+                core.store.reclaim_retired()
+                chances = engine.tensor(anchors.probabilities).double().cpu().numpy()[None]
+                return result, None, torch.ones(count, dtype=torch.bool), chances, totals
             if isinstance(law, Mixture):
                 drawn: Any = (
                     core.chunks(count, window.length, target, law)
@@ -112,7 +127,13 @@ class ShardHooks:
                 chances = drawn.probabilities.double().cpu().numpy()[None]
                 return drawn, None, torch.ones(count, dtype=torch.bool), chances, totals
             batch, priorities, kept, chances = core.draw_round(
-                count, window, target, law, chunks=chunks, probe=_prober(core, window, laws)
+                count,
+                window,
+                target,
+                law,
+                chunks=chunks,
+                probe=_prober(core, window, laws),
+                locate=locate,
             )
         drawn_priorities = None if priorities is None else engine.tensor(priorities)
         return batch, drawn_priorities, kept, chances, totals

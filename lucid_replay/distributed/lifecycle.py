@@ -12,6 +12,7 @@ import lucid_replay.distributed.backends as backends
 import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.routing as routing
 from lucid_replay.batch import Batch, WindowBatch
+from lucid_replay.checks import check_bool
 from lucid_replay.errors import must
 from lucid_replay.priorities import annealed_beta
 
@@ -30,9 +31,13 @@ class ClientLife:
         """Stop the shards (Ray actors end); the client refuses calls afterwards."""
         if self._closed:
             return
-        self._closed = True
-        for handle in [*self._shards, self._control]:
-            backends.kill(handle)
+        try:
+            self._flush_updates()  # type: ignore[attr-defined]  # ClientTransport's
+        finally:
+            self._closed = True
+            for handle in [*self._shards, self._control]:
+                backends.kill(handle)
+            self._release_shared()  # type: ignore[attr-defined]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -55,6 +60,7 @@ class ClientLife:
         self._cursor = int(self._rng.integers(self._config["num_shards"]))
         self._issued = [None] * len(self._shards)
         self._issued_segments = [None] * len(self._shards)
+        self._init_transport(None)  # type: ignore[attr-defined]  # resolved again here
 
 
 class ClientPriorities:
@@ -68,10 +74,14 @@ class ClientPriorities:
     def _check_open(self) -> None:
         raise NotImplementedError  # `ClientLife._check_open`
 
-    def update_priorities(self, indices: Any, errors: Any) -> int:
+    def update_priorities(self, indices: Any, errors: Any, *, defer: bool = False) -> int:
         """Set priorities of global ids ``indices`` to ``|errors| + epsilon``, routed by id.
 
         Episode ids, or segment ids under ``priority_unit="segment"`` (``batch.indices``).
+        ``defer=True`` checks the update now and sends it with the next draw request (no
+        round trip of its own; `lucid_replay.distributed.deferred`): it then returns how
+        many distinct ids were queued. `stats`, `save`, `close` and an update without
+        ``defer`` send the queued updates first.
 
         Evicted ids and ids lost with a shard's earlier incarnation are skipped (counted in
         ``stats()["priority_updates_skipped"]``); duplicates take the max. Returns how many
@@ -85,18 +95,28 @@ class ClientPriorities:
             nothing is updated on any shard then.
         """
         self._check_open()
+        if check_bool("defer", defer):
+            return routing.defer_update(self, indices, errors)
         return routing.update(self, indices, errors)
 
     def update_priorities_from(
-        self, batch: WindowBatch, errors: Any, *, eta: float = 0.9, mask: Any = None
+        self,
+        batch: WindowBatch,
+        errors: Any,
+        *,
+        eta: float = 0.9,
+        mask: Any = None,
+        defer: bool = False,
     ) -> int:
         """R2D2's per-window priorities from per-record errors, routed to the shards.
 
         As `PrioritizedSequenceReplay.update_priorities_from` (``eta * max + (1 - eta) *
-        mean`` over the counted records; ``[B]`` errors as they are).
+        mean`` over the counted records; ``[B]`` errors as they are). ``defer``: as in
+        `update_priorities`.
         """
         self._check_open()
-        return routing.from_batch(self, batch, errors, eta=eta, mask=mask)
+        defer = check_bool("defer", defer)
+        return routing.from_batch(self, batch, errors, eta=eta, mask=mask, defer=defer)
 
     def write_back(self, batch: Batch | WindowBatch, name: str, values: torch.Tensor) -> int:
         """Write per-record ``values`` ``[B, W, ...]`` into stored field ``name``, per shard.

@@ -62,6 +62,8 @@ CONFIG_KEYS = (
     "storage",
     "directory",
     "cache_bytes",
+    "transport",
+    "torn",
 )
 # Keys an older manifest (before streamed segments, selectors, storage) lacks, as they were.
 CONFIG_DEFAULTS = {
@@ -72,6 +74,8 @@ CONFIG_DEFAULTS = {
     "storage": "memory",
     "directory": None,
     "cache_bytes": CACHE_BYTES,
+    "transport": "object",
+    "torn": "redraw",
 }
 _CONTROL_KEYS = ("limiter", "schema", "starts", "noted", "lost")
 _SHA256 = re.compile(r"[0-9a-f]{64}")

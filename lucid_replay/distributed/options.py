@@ -7,6 +7,12 @@ checkpoints keep it (`lucid_replay.selectors.selector_state`), the schema as
 `Schema.to_state`. `claim_check` refuses a memmap ``directory`` that is not new or empty, and
 `clear` empties a restarted shard's own directory (see `lucid_replay.distributed.shards`).
 
+``transport=`` and ``torn=`` (`checked_transport`) say how batches reach the client:
+``"object"`` (gathered by the shard, through Ray's object store), ``"shared"`` (gathered by
+the client from the shards' fields mapped read-only; `lucid_replay.distributed.sharing`),
+``"auto"`` (shared where client and shard are on one node). Compressed fields cannot be
+mapped: ``"shared"`` refuses them, ``"auto"`` sends their batches as objects.
+
 `Recency` is refused on a sharded replay: its age counts the transitions added to the *whole*
 replay after an anchor's commit, and the shards count only their own.
 """
@@ -31,6 +37,9 @@ from lucid_replay.schema import Schema
 from lucid_replay.selectors import Selector, checked_selector, selector_of_state, selector_state
 
 __all__: list[str] = []  # internal module
+
+TRANSPORTS = ("auto", "object", "shared")
+TORN = ("redraw", "invalid")
 
 _NO_RECENCY = (
     "Uniform(), Prioritized() or a Mixture of them on a ShardedReplay (Recency's age counts "
@@ -66,7 +75,10 @@ def checked(arguments: dict[str, Any], alpha: float, unit: str) -> dict[str, Any
         directory = os.path.abspath(os.fspath(directory))
     codecs = {} if declared is None else dict(declared.codecs)
     cache = checked_cache(arguments["cache_bytes"], codecs, torch.device("cpu"), storage)
+    transport, torn = checked_transport(arguments["transport"], arguments["torn"], codecs)
     return {
+        "transport": transport,
+        "torn": torn,
         "selector": selector_state(law, Prioritized(alpha)),
         "schema": None if declared is None else declared.to_state(),
         "storage": storage,
@@ -84,7 +96,46 @@ def of_state(config: dict[str, Any]) -> dict[str, Any]:
         "storage": config["storage"],
         "directory": config["directory"],
         "cache_bytes": config["cache_bytes"],
+        "transport": config["transport"],
+        "torn": config["torn"],
     }
+
+
+def checked_transport(transport: object, torn: object, codecs: dict[str, Any]) -> tuple[str, str]:
+    """``transport`` (one of `TRANSPORTS`) and ``torn`` (one of `TORN`), checked.
+
+    ``"shared"`` is refused with compressed fields (``codecs``): their blocks cannot be
+    gathered from a mapping.
+    """
+    if transport not in TRANSPORTS:
+        raise must("transport", f"one of {TRANSPORTS}", transport)
+    if torn not in TORN:
+        raise must("torn", f"one of {TORN}", torn)
+    if transport == "shared" and codecs:
+        raise must(
+            "transport",
+            f"'object' or 'auto' with compressed fields ({sorted(codecs)} have a codec: "
+            "their blocks cannot be mapped)",
+            transport,
+        )
+    return str(transport), str(torn)
+
+
+def shared_directory(config: dict[str, Any], index: int, root: str | None) -> str | None:
+    """Where shard ``index`` keeps the fields clients map (None: ``transport="object"``).
+
+    Its memmap directory, else ``root/shard_<index>`` (``root``: under ``/dev/shm``).
+    """
+    if config.get("transport", "object") == "object" or _has_codecs(config):
+        return None
+    if config.get("storage") == "memmap":
+        return shard_directory(config, index)
+    return None if root is None else str(Path(root) / f"shard_{index}")
+
+
+def _has_codecs(config: dict[str, Any]) -> bool:
+    schema = config.get("schema")
+    return schema is not None and bool(Schema.from_state(schema).codecs)
 
 
 def law_of(config: dict[str, Any]) -> Selector:

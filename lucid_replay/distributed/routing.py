@@ -24,6 +24,7 @@ import torch
 
 import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.coordination as coordination
+import lucid_replay.distributed.deferred as deferred
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.transport as transport
 from lucid_replay.batch import record_positions
@@ -40,29 +41,28 @@ Mark = tuple[int, int, list[int], list[list[int]]]
 
 
 def update(replay: Any, indices: Any, errors: Any) -> int:
-    """`ShardedReplay.update_priorities`."""
+    """`ShardedReplay.update_priorities` (updates deferred before it are applied first)."""
+    with replay._lock:  # one update at a time: marks, counters and the maximum
+        id_values, values, shard_of = checked_update(replay, indices, errors)
+        deferred.flush(replay)
+        shards = replay._shards
+        futures = [
+            shards[k].update.remote(id_values[shard_of == k], values[shard_of == k])
+            for k in np.unique(shard_of).tolist()
+        ]
+        return deferred.settle_replies(replay, calls.get(futures))
+
+
+def checked_update(replay: Any, indices: Any, errors: Any) -> tuple[Any, Any, np.ndarray]:
+    """An update's ids and errors as numpy arrays, checked, and each id's shard."""
     cpu = torch.device("cpu")
     id_values = as_vector("indices", indices, torch.int64, cpu).numpy()
     values = as_vector("errors", errors, torch.float64, cpu).numpy()
     if id_values.shape != values.shape:
         raise must("errors", f"as long as indices ({id_values.size})", values.size)
     priorities_of(torch.from_numpy(values), replay.epsilon)  # the one buffer's refusals
-    with replay._lock:  # one update at a time: marks, counters and the maximum
-        shard_of = check_issued(replay, id_values, segments=replay.priority_unit == "segment")
-        shards = replay._shards
-        futures = [
-            shards[k].update.remote(id_values[shard_of == k], values[shard_of == k])
-            for k in np.unique(shard_of).tolist()
-        ]
-        replies = calls.get(futures)
-        applied = sum(reply[0] for reply in replies)
-        replay._skipped += sum(reply[2] for reply in replies)
-        largest = max((reply[1] for reply in replies if reply[1] is not None), default=None)
-        if largest is not None and largest > replay._global_max:
-            # Every shard's new episodes start at the global maximum once this call returns.
-            replay._global_max = largest
-            calls.get([shard.raise_max_priority.remote(largest) for shard in shards])
-    return int(applied)
+    shard_of = check_issued(replay, id_values, segments=replay.priority_unit == "segment")
+    return id_values, values, shard_of
 
 
 def check_issued(replay: Any, global_ids: np.ndarray, *, segments: bool = False) -> np.ndarray:
@@ -109,15 +109,25 @@ def _never_issued(
     return bad
 
 
-def from_batch(replay: Any, batch: Any, errors: Any, *, eta: float, mask: Any) -> int:
-    """`ShardedReplay.update_priorities_from`."""
+def from_batch(
+    replay: Any, batch: Any, errors: Any, *, eta: float, mask: Any, defer: bool = False
+) -> int:
+    """`ShardedReplay.update_priorities_from` (``defer``: ride the next draw request)."""
     by_segment = replay.priority_unit == "segment"
     anchor_ids, values, per_record = batch_errors(
         batch, errors, eta=eta, mask=mask, by_segment=by_segment
     )
-    if not per_record:
-        return update(replay, anchor_ids, values)
-    return update(replay, anchor_ids.cpu(), values.cpu())
+    if per_record:
+        anchor_ids, values = anchor_ids.cpu(), values.cpu()
+    if defer:
+        return defer_update(replay, anchor_ids, values)
+    return update(replay, anchor_ids, values)
+
+
+def defer_update(replay: Any, indices: Any, errors: Any) -> int:
+    """Check an update now and queue it to ride the next draw request (`deferred`)."""
+    with replay._lock:
+        return deferred.queue(replay, *checked_update(replay, indices, errors))
 
 
 def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:

@@ -96,8 +96,13 @@ def checked_checkpoints(directory: Any, every: Any) -> tuple[str | None, int | N
     return directory, every
 
 
-def shard_settings(config: dict[str, Any], index: int, replay: str) -> dict[str, Any]:
-    """What shard ``index``'s constructor takes; ``replay`` names the running replay."""
+def shard_settings(
+    config: dict[str, Any], index: int, replay: str, root: str | None = None
+) -> dict[str, Any]:
+    """What shard ``index``'s constructor takes; ``replay`` names the running replay.
+
+    ``root``: where ``storage="memory"`` shards share their fields (`options.shared_directory`).
+    """
     return {
         "capacity": config["shard_capacity"],
         "alpha": config["alpha"],
@@ -116,6 +121,7 @@ def shard_settings(config: dict[str, Any], index: int, replay: str) -> dict[str,
         "directory": options.shard_directory(config, index),
         "cache_bytes": config.get("cache_bytes", CACHE_BYTES),
         "replay": replay,
+        "shared": options.shared_directory(config, index, root),
     }
 
 

@@ -24,6 +24,7 @@ episode ids are, from the starts of its segment ids' incarnations.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.checkpoints as checkpoints
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.options as options
+import lucid_replay.distributed.sharing as sharing
 import lucid_replay.distributed.transport as transport
 from lucid_replay import engine, files, selectors
 from lucid_replay.blocks import CACHE_BYTES
@@ -105,6 +107,11 @@ class ReplayShard(ShardStreams):
             directory=settings.get("directory"),
             cache_bytes=settings.get("cache_bytes", CACHE_BYTES),
         )
+        self.shared = None  # transport="shared": the allocator of the fields clients map
+        if settings.get("shared") is not None:
+            if restarted:
+                options.clear(settings["shared"])  # fresh files: clients map them anew
+            self.shared = sharing.install(self.buffer, settings["shared"])
         self.hooks = ShardHooks(self.buffer)
         self.restore_path = restore_path
         self.incarnation, self.starts = 0, [0]
@@ -212,8 +219,15 @@ class ReplayShard(ShardStreams):
             self.checkpoint()
 
     # ------------------------------------------------------------------------- drawing
-    def info(self, window: Window, laws: tuple[Any, ...]) -> dict[str, Any]:
-        """What the coordinator needs before a draw of ``window`` by each of ``laws``."""
+    def info(
+        self, window: Window, laws: tuple[Any, ...], updates: list[Any] | None = None
+    ) -> dict[str, Any]:
+        """What the coordinator needs before a draw of ``window`` by each of ``laws``.
+
+        ``updates``: priority updates that ride this request (``(ids, errors)`` checked by
+        the client, applied first, in order); their `update` replies are ``updated``.
+        """
+        updated = [self.update(*update) for update in updates or ()]
         buffer = self.buffer
         with buffer._lock:
             table = buffer._core.store.table
@@ -231,10 +245,17 @@ class ReplayShard(ShardStreams):
                 "episodes": buffer.num_episodes,
                 "longest": int(lengths.max()) if lengths.numel() else 0,
                 "eligible": bool((anchors > 0).any()),  # reuse limit aside
+                "updated": updated,
             }
 
     def draw(
-        self, count: int, window: Window, law: Any, chunks: bool, laws: tuple[Any, ...]
+        self,
+        count: int,
+        window: Window,
+        law: Any,
+        chunks: bool,
+        laws: tuple[Any, ...],
+        located: bool = False,
     ) -> dict[str, Any]:
         """``count`` draws by ``law``; the kept ones packed, their priorities, the kept mask.
 
@@ -243,7 +264,8 @@ class ReplayShard(ShardStreams):
         (``log_totals``, before the draw) and after it (``log_masses``); see
         `ShardHooks.draw_probed`. A shard with nothing to draw from (its episodes were
         evicted or retired since the coordinator read its mass) keeps none, leaving its
-        random stream untouched.
+        random stream untouched. ``located`` (windows, ``transport="shared"``): ``batch``
+        holds where the records are, for the client to gather (`sharing.located`).
         """
         evicted = self._counters()[2]
         if self.hooks.log_mass(window, law) == -math.inf:
@@ -253,9 +275,24 @@ class ReplayShard(ShardStreams):
                 "kept": np.zeros(count, dtype=bool),
                 "log_masses": [self.hooks.log_mass(window, part) for part in laws],
             }
-        drawn = self.hooks.draw_probed(count, window, law, laws, chunks)
+        locate: Callable[[Any], Any] | None = None
+        if located and self.shared is not None:
+            store = self.buffer._core.store
+
+            def locate_records(anchors: Any) -> dict[str, Any]:
+                return sharing.located(store, anchors, window)
+
+            locate = locate_records
+
+        drawn = self.hooks.draw_probed(count, window, law, laws, chunks, locate)
         batch, priorities, kept, chances, log_totals = drawn
-        packed = transport.pack_batch(batch)
+        if locate is not None:
+            packed = batch["meta"]
+            assert self.shared is not None
+            batch["shard"], batch["epoch"] = self.index, self.shared.epoch
+            batch["descriptor"] = sharing.descriptor(self.buffer._core.store.ring, self.shared)
+        else:
+            packed = transport.pack_batch(batch)
         for key in transport.ID_KEYS:
             if key in packed:
                 packed[key] = self._global(packed[key])
@@ -264,7 +301,7 @@ class ReplayShard(ShardStreams):
         if self._counters()[2] != evicted:  # retired episodes reclaimed
             self._report()
         return {
-            "batch": packed,
+            "batch": batch if locate is not None else packed,
             "priorities": None if priorities is None else priorities.numpy(),
             "kept": kept.numpy(),
             "chances": chances,
@@ -310,6 +347,8 @@ class ReplayShard(ShardStreams):
         )
         values = np.require(values, requirements="W")  # Ray hands over read-only arrays
         with self.buffer._lock:
+            if self.shared is not None:
+                self.shared.bump()  # a write out of FIFO order: locations handed out are stale
             return self.buffer._core.store.write_records(
                 name,
                 torch.from_numpy(np.where(live, local, 0)),
@@ -342,6 +381,12 @@ class ReplayShard(ShardStreams):
             return self.incarnation, next_id, list(self.segment_starts), ranges
         ranges = [list(r) for r in self.ranges]
         return self.incarnation, self.buffer._next_episode_id, list(self.starts), ranges
+
+    def node(self) -> str:
+        """The Ray node this shard runs on (for ``transport="auto"``)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
 
     def stats(self) -> dict[str, Any]:
         """The buffer's counters plus this shard's incarnation and process."""

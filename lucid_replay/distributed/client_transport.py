@@ -1,0 +1,91 @@
+"""Parts of the `ShardedReplay` client: its transport, ``transport_stats``, and the cleanup.
+
+``transport="auto"`` is resolved on the client's first draw (and again in a copy unpickled
+elsewhere): ``"shared"`` when every shard runs on the client's node (``backend="local"``
+always does; on Ray the actors' node ids are compared with the client's) and no field is
+compressed, else ``"object"``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import lucid_replay.distributed.backends as backends
+import lucid_replay.distributed.deferred as deferred
+import lucid_replay.distributed.options as options
+from lucid_replay.distributed.gathering import Mapped, TransportStats
+
+__all__: list[str] = []  # internal module
+
+
+class ClientTransport:
+    """How batches reach this client, what that cost, and what it leaves behind."""
+
+    _config: dict[str, Any]
+    _shards: list[Any]
+    _lock: Any
+    _root: str | None
+    _resolved: str | None
+    _mapped: dict[int, Mapped]
+    _deferred: list[Any]
+    _transport_stats: TransportStats
+
+    def _init_transport(self, root: str | None) -> None:
+        self._root = root
+        self._resolved = None
+        self._mapped = {}
+        self._deferred = [[] for _ in self._shards]
+        self._transport_stats = TransportStats()
+
+    @property
+    def transport(self) -> str:
+        """How window batches reach this client: ``"shared"`` or ``"object"`` (resolved)."""
+        if self._resolved is None:
+            self._resolved = self._resolve()
+            self._transport_stats.transport = self._resolved
+        return self._resolved
+
+    def _resolve(self) -> str:
+        asked = self._config.get("transport", "object")
+        if asked == "object" or options.shared_directory(self._config, 0, "-") is None:
+            return "object"
+        if asked == "shared":
+            return "shared"
+        here = backends.client_node(self._config["backend"])
+        same = all(backends.node_of(shard) in (None, here) for shard in self._shards)
+        return "shared" if same else "object"
+
+    def _shared(self) -> bool:
+        return self.transport == "shared"
+
+    def transport_stats(self) -> dict[str, Any]:
+        """What the transport cost: bytes copied, seconds, torn reads; cumulative and last.
+
+        Keys: ``transport`` (``"shared"`` or ``"object"``), ``batches``; ``bytes_copied``
+        (cumulative), ``bytes_copied_last``, ``bytes_copied_mean``: bytes written to make
+        each batch, counting every copy of it: with ``"shared"`` the client's gather into
+        the batch (each byte once; a redrawn window again); with ``"object"`` the shard's
+        gather, Ray's copy into its object store (``backend="ray"``) and the client's merge;
+        ``batch_bytes_last`` (the bytes of the last batch's tensors) and ``copy_ratio_last``
+        (bytes copied / batch bytes); ``draw_seconds`` (cumulative), ``_last``, ``_mean``:
+        the client's time starting draws and waiting for the shards' replies;
+        ``gather_seconds`` (cumulative), ``_last``, ``_mean``: its time gathering or merging
+        them into the batch; ``torn_reads`` (cumulative) and ``torn_reads_last``: windows
+        found torn (records evicted or overwritten during the copy); ``windows_redrawn`` and
+        ``windows_invalidated``: what ``torn=`` did with them; ``updates_ridden``: priority
+        updates (``defer=True``) that rode a draw request.
+        """
+        self.transport  # noqa: B018  # resolved, so that the report names it
+        return self._transport_stats.report()
+
+    def _flush_updates(self) -> None:
+        """Send the priority updates queued with ``defer=True`` now."""
+        if any(self._deferred):
+            deferred.flush(self)
+
+    def _release_shared(self) -> None:
+        """Forget the mappings; remove the shared files of ``storage="memory"`` shards."""
+        self._mapped = {}
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)

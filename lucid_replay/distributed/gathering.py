@@ -1,0 +1,321 @@
+"""The client's side of ``transport="shared"``: it gathers a located draw's records itself.
+
+Each shard's fields are mapped read-only (`Mapped`: a `TransitionRing` whose allocator hands
+out the mappings), and the listed runs of its located reply (`lucid_replay.distributed.sharing`)
+are copied by the ring's own gather (`TransitionRing.gather_runs`, its listed-runs path)
+straight into the batch rows the coordinator gave that shard's draws: each byte of the batch
+is copied once. Without the compiled kernels the runs are read record by record
+(`TransitionRing.gather`) and put in place, a second copy.
+
+After the copy every shard's published head and epoch are read again: a window whose lowest
+offset fell below the head, or drawn before the epoch moved, may hold records of other
+episodes (torn). By the replay's ``torn=`` it is drawn again (``"redraw"``: the torn positions
+are drawn anew by the same law, as a draw of that many windows, and the weights are
+normalised over the batch as it ends up; after `REDRAWS` rounds the rest are invalidated) or
+returned with every record invalid (``"invalid"``: ``validity_mask`` and ``learning_mask``
+False). Either way the torn windows are counted (`TransportStats`).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import time
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any, cast
+
+import attrs
+import numpy as np
+import torch
+
+import lucid_replay.distributed.calls as calls
+import lucid_replay.distributed.draw as draw
+import lucid_replay.distributed.transport as transport
+from lucid_replay import engine
+from lucid_replay.batch import PER_RECORD, WindowBatch
+from lucid_replay.ring import TransitionRing
+from lucid_replay.window import layout
+
+__all__: list[str] = []  # internal module
+
+REDRAWS = 8  # rounds of redraws of torn windows before the rest are marked invalid
+_CPU = torch.device("cpu")
+_NO_FIRSTS = np.empty(0, dtype=np.int64)
+
+
+def on_located(replay: Any) -> None:
+    """Called between the arrival of a draw's locations and the copy (a seam for tests)."""
+
+
+class _Mappings:
+    """An `Allocator` handing out read-only mappings of a shard's field files."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self.paths = paths
+        self.maps: list[mmap.mmap] = []
+
+    def allocate(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        count = math.prod(shape)
+        size = count * torch.empty((), dtype=dtype).element_size()
+        if not size:
+            return torch.empty(shape, dtype=dtype)
+        descriptor = os.open(self.paths[name], os.O_RDONLY)
+        try:
+            mapped = mmap.mmap(descriptor, size, prot=mmap.PROT_READ)
+        finally:
+            os.close(descriptor)
+        self.maps.append(mapped)
+        with warnings.catch_warnings():  # read-only by design: nothing writes through it
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(mapped, dtype=dtype, count=count).view(shape)
+
+
+class Mapped:
+    """One shard's fields mapped read-only (as a `TransitionRing`), and its published header."""
+
+    def __init__(self, descriptor: dict[str, Any]) -> None:
+        fields = descriptor["fields"]
+        self.key = key_of(descriptor)
+        self.allocator = _Mappings({name: spec[0] for name, spec in fields.items()})
+        schema = {name: (tuple(spec[1]), _dtype(spec[2])) for name, spec in fields.items()}
+        self.ring = TransitionRing(descriptor["capacity"], _CPU, self.allocator)
+        self.ring.allocate(schema)
+        header = os.open(descriptor["header"], os.O_RDONLY)
+        try:
+            self._header_map = mmap.mmap(header, 64, prot=mmap.PROT_READ)
+        finally:
+            os.close(header)
+        self.header = np.frombuffer(self._header_map, dtype=np.int64, count=2)
+
+    def published(self) -> tuple[int, int]:
+        """``(head, epoch)`` as the shard published them now."""
+        return int(self.header[0]), int(self.header[1])
+
+
+def key_of(descriptor: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a shard's mapped storage (new files after a restart or a load)."""
+    fields = descriptor["fields"]
+    return (descriptor["header"], *sorted((name, spec[0]) for name, spec in fields.items()))
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."))
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
+@attrs.define
+class TransportStats:
+    """Cumulative and last values of a client's transport (see `ShardedReplay.transport_stats`)."""
+
+    transport: str = "object"
+    batches: int = 0
+    bytes_copied: int = 0
+    bytes_copied_last: int = 0
+    batch_bytes_last: int = 0
+    draw_seconds: float = 0.0
+    draw_seconds_last: float = 0.0
+    gather_seconds: float = 0.0
+    gather_seconds_last: float = 0.0
+    torn_reads: int = 0
+    torn_reads_last: int = 0
+    windows_redrawn: int = 0
+    windows_invalidated: int = 0
+    updates_ridden: int = 0
+
+    def note(self, copied: int, size: int, drawing: float, gathering: float, torn: int) -> None:
+        """One batch: bytes copied, its bytes, seconds drawing and gathering, torn windows."""
+        self.batches += 1
+        self.bytes_copied += copied
+        self.bytes_copied_last, self.batch_bytes_last = copied, size
+        self.draw_seconds += drawing
+        self.draw_seconds_last = drawing
+        self.gather_seconds += gathering
+        self.gather_seconds_last = gathering
+        self.torn_reads += torn
+        self.torn_reads_last = torn
+
+    def report(self) -> dict[str, Any]:
+        """The values as a dict, with the means over every batch."""
+        count = max(self.batches, 1)
+        values = attrs.asdict(self)
+        values["bytes_copied_mean"] = self.bytes_copied / count
+        values["copy_ratio_last"] = self.bytes_copied_last / max(self.batch_bytes_last, 1)
+        values["draw_seconds_mean"] = self.draw_seconds / count
+        values["gather_seconds_mean"] = self.gather_seconds / count
+        return values
+
+
+def batch_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Bytes of a batch's tensors."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def complete(
+    replay: Any, pending: draw.Pending, target: torch.device, begin: Callable[..., Any]
+) -> WindowBatch:
+    """The batch of a located draw, gathered here (``begin`` starts a redraw)."""
+    started = time.perf_counter()
+    with replay._lock:
+        draw.finish(replay._shards, replay._rng, pending, calls.get)
+    drawn = time.perf_counter()
+    spec = pending.spec
+    size, width = spec.batch_size, spec.window.size
+    tensors = _allocate(pending.pieces[0], size, width, target.type == "cuda")
+    on_located(replay)
+    copied = [0]
+    torn = _fill(replay, pending, tensors, np.arange(size), copied)
+    count = torn.size
+    rounds = 0
+    while torn.size and replay._config["torn"] == "redraw" and rounds < REDRAWS:
+        again = begin(replay, attrs.evolve(spec, batch_size=int(torn.size)), None)
+        with replay._lock:
+            draw.finish(replay._shards, replay._rng, again, calls.get)
+        replay._transport_stats.windows_redrawn += int(torn.size)
+        pending.destinations += [torn[rows] for rows in again.destinations]
+        pending.priorities += again.priorities
+        pending.probabilities += again.probabilities
+        torn = _fill(replay, again, tensors, torn, copied)
+        count += torn.size
+        rounds += 1
+    per_record = layout(spec.window, _CPU)
+    tensors["learning_mask"].copy_(per_record.learning_mask.expand(size, width))
+    tensors["step_in_sequence"].copy_(per_record.record.expand(size, width))
+    if torn.size:  # never another episode's data as valid
+        replay._transport_stats.windows_invalidated += int(torn.size)
+        rows = torch.from_numpy(torn)
+        tensors["validity_mask"][rows] = False
+        tensors["learning_mask"][rows] = False
+    chances = draw.merged(pending, pending.probabilities, np.float64)
+    weights = draw.weights(pending, chances)
+    unit = replay._config["priority_unit"]
+    total = batch_bytes(tensors) + chances.nbytes + (0 if weights is None else weights.nbytes)
+    copied[0] += size * width * 9  # the learning mask and record index (bool, int64)
+    batch = transport.build(
+        tensors, weights, target, chunks=False, priority_unit=unit, probabilities=chances
+    )
+    seconds = pending.seconds + drawn - started
+    gathered = time.perf_counter() - drawn
+    replay._transport_stats.note(copied[0], total, seconds, gathered, count)
+    assert isinstance(batch, WindowBatch)
+    return batch
+
+
+def _allocate(piece: dict[str, Any], size: int, width: int, pin: bool) -> dict[str, torch.Tensor]:
+    """Empty batch tensors: the fields (``data.<name>``), then the per-record entries."""
+    fields = piece["descriptor"]["fields"]
+    frames = {name: group["frames"] for group in piece["groups"] for name in group["names"]}
+    tensors = {}
+    for name, (_, shape, dtype) in fields.items():
+        stack = (frames[name],) if frames[name] else ()
+        dims = (size, width, *stack, *shape)
+        tensors[f"data.{name}"] = torch.empty(dims, dtype=_dtype(dtype), pin_memory=pin)
+    for key, values in piece["meta"].items():
+        dtype = torch.from_numpy(np.empty(0, dtype=values.dtype)).dtype
+        tensors[key] = torch.empty((size, *values.shape[1:]), dtype=dtype, pin_memory=pin)
+    for key in ("learning_mask", "step_in_sequence"):
+        tensors[key] = torch.empty((size, width), dtype=PER_RECORD[key], pin_memory=pin)
+    return tensors
+
+
+def _fill(
+    replay: Any,
+    pending: draw.Pending,
+    tensors: dict[str, torch.Tensor],
+    positions: np.ndarray,
+    copied: list[int],
+) -> np.ndarray:
+    """Copy every piece of ``pending`` into batch rows ``positions[destinations]``.
+
+    Returns the batch rows of the torn windows (checked after every piece was copied).
+    """
+    width = pending.spec.window.size
+    checks = []
+    pieces = cast(list[Any], pending.pieces)
+    for piece, rows in zip(pieces, pending.destinations, strict=True):
+        mapped = _mapping(replay, piece)
+        rows = positions[rows]
+        for key, values in piece["meta"].items():
+            tensors[key].numpy()[rows] = values
+            copied[0] += values.nbytes
+        for group in piece["groups"]:
+            copied[0] += _copy_group(mapped.ring, piece["oldest"], group, rows, width, tensors)
+        checks.append((mapped, piece, rows))
+    torn = []
+    for mapped, piece, rows in checks:
+        head, epoch = mapped.published()
+        stale = (piece["low"] < head) | (epoch != piece["epoch"])
+        torn.append(rows[stale])
+    return np.concatenate(torn) if torn else np.empty(0, dtype=np.int64)
+
+
+def _mapping(replay: Any, piece: dict[str, Any]) -> Mapped:
+    """The client's mapping of the piece's shard, (re)mapped when its files changed."""
+    descriptor = piece["descriptor"]
+    mapped: Mapped | None = replay._mapped.get(piece["shard"])
+    if mapped is None or mapped.key != key_of(descriptor):
+        mapped = replay._mapped[piece["shard"]] = Mapped(descriptor)
+    return mapped
+
+
+def _copy_group(
+    ring: TransitionRing,
+    oldest: int,
+    group: dict[str, Any],
+    rows: np.ndarray,
+    width: int,
+    tensors: dict[str, torch.Tensor],
+) -> int:
+    """Copy a group's listed runs into the batch; returns the bytes copied."""
+    names, size, frames = tuple(group["names"]), group["size"], group["frames"]
+    runs, windows = group["runs"], group["windows"]
+    if frames:  # a run is a record's stack: window b's record w is batch record b * W + w
+        windows = rows[windows // width] * width + windows % width
+        targets = {}
+        for name in names:
+            out = tensors[f"data.{name}"]
+            targets[name] = out.view(-1, frames, *out.shape[3:])
+    else:
+        windows = rows[windows]
+        targets = {name: tensors[f"data.{name}"] for name in names}
+    part = ring.part(names)
+    count = int(windows.shape[0])
+    if engine.compiled(runs) and count:
+        table = cast(Any, types.SimpleNamespace(oldest_offset=oldest))
+        listed = (runs, np.ascontiguousarray(windows), count)
+        part.gather_runs(table, _NO_FIRSTS, size, 1, None, None, targets, listed)
+    elif count:
+        _copy_records(part, runs, windows, size, targets)
+    if group["zero"] is not None:
+        zero = group["zero"]
+        record = zero // frames
+        flat = (rows[record // width] * width + record % width) * frames + zero % frames
+        for name in names:
+            tensors[f"data.{name}"].view(-1, *ring.fields[name].shape[1:])[flat] = 0
+    records = int((runs[2] - runs[1]).sum())
+    return records * sum(ring.fields[n][0].numel() * ring.fields[n].element_size() for n in names)
+
+
+def _copy_records(
+    ring: TransitionRing,
+    runs: np.ndarray,
+    windows: np.ndarray,
+    size: int,
+    targets: dict[str, torch.Tensor],
+) -> None:
+    """Listed runs record by record: the ring's gather, then each record to its place."""
+    lengths = runs[2] - runs[1]
+    run_of = np.repeat(np.arange(lengths.shape[0]), lengths)
+    within = np.arange(run_of.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    offsets = runs[0][run_of] + within * runs[3][run_of]
+    places = windows[run_of] * size + runs[1][run_of] + within
+    values = ring.gather(torch.from_numpy(offsets % ring.capacity))
+    where = torch.from_numpy(places)
+    for name, out in targets.items():
+        flat = out.view(-1, *ring.fields[name].shape[1:])
+        flat.index_copy_(0, where, values[name])
