@@ -15,6 +15,11 @@ O(B log E). Later rows have masses above 1; once a tree's total leaves ``[2**-70
 counters are exact integers and the powers are taken afresh from them at every rebuild, so
 nothing accumulates however many transitions pass (the offsets are exact in float64 below
 ``2**53``).
+
+A table that keeps a ``commit`` column (`EpisodeTable.keep_commits`: a shard of a sharded
+replay) gives the counters instead: there they count the transitions added to the whole
+replay (`lucid_replay.distributed.shards`), so the masses of every shard share one reference
+and the law is the single buffer's over the union of the shards.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from lucid_replay.engine import Array
 from lucid_replay.errors import wrong_type
 from lucid_replay.laws import LawKey, importance_weights
 from lucid_replay.records import Anchors
+from lucid_replay.table import COMMIT_COLUMN
 
 if TYPE_CHECKING:
     from lucid_replay.table import EpisodeTable
@@ -159,7 +165,8 @@ class Recency:
         if self.by_episode and directory is not None:  # the episode's newest segment
             newest = directory.arrays["last_key"][column["slot"][rows]]
             rows = newest & (table.row_count - 1)
-        return column["start"][rows] + column["length"][rows]
+        kept = column.get(COMMIT_COLUMN)  # a shard's replay-wide counters (`keep_commits`)
+        return column["start"][rows] + column["length"][rows] if kept is None else kept[rows]
 
 
 def of_key(key: str) -> Recency | None:

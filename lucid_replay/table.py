@@ -25,6 +25,8 @@ from lucid_replay.table_loops import _assign_priorities, assign_priorities_loop,
 __all__: list[str] = []  # internal module
 
 _INITIAL_TABLE_SLOTS = 1024
+COMMIT_COLUMN = "commit"  # the optional column of commit counters (`keep_commits`)
+_COMMITS = {COMMIT_COLUMN: torch.int64}
 # The rows of `EpisodeTable.integers`: a whole-episode table has the first four.
 INTEGER_COLUMNS = (
     "episode_id",
@@ -51,10 +53,14 @@ class EpisodeTable:
     have host mirrors (numpy; the same memory on CPU) for host-side bookkeeping without
     device round trips. ``arrays`` holds the columns as the index arithmetic computes on them
     (see `lucid_replay.engine`).
+
+    A ``commit`` column (`keep_commits`) holds the rows' commit counters as the table's owner
+    sets them (a shard: `lucid_replay.distributed.commits`); else they are ``start + length``.
     """
 
     def __init__(self, device: torch.device, *, segmented: bool = False) -> None:
         self.device = device
+        self._keeps_commits = False
         # Rows are segments (keyed by segment id) with a directory of their episodes, or
         # whole episodes (keyed by episode id, each its own directory entry).
         self.directory = EpisodeDirectory(device) if segmented else None
@@ -81,7 +87,8 @@ class EpisodeTable:
         ``0 <= first_id <= next_id <= 2**62`` and the same for offsets; stored rows holding
         their own ids, lengths >= 1 and starts that tile ``[oldest_offset, next_offset)``
         without gaps or overlaps; no other row claiming a stored id; at most ``capacity``
-        transitions; finite positive priorities; non-negative draw counts.
+        transitions; finite positive priorities; non-negative draw counts; commit counters
+        (a ``commit`` column, kept if saved) at least their rows' lengths.
 
         ``episodes``: the directory state of a segmented table (`EpisodeDirectory.state`),
         whose links with the segment rows are checked too (`segment_checks`).
@@ -92,14 +99,15 @@ class EpisodeTable:
             Naming the first broken invariant.
         """
         segmented = episodes is not None
-        extra = SEGMENT_COLUMNS if segmented else None
+        commits = isinstance(columns, Mapping) and COMMIT_COLUMN in columns
+        extra = {**(SEGMENT_COLUMNS if segmented else {}), **(_COMMITS if commits else {})}
         saved, bounds = checked_table_state(columns, ranges, capacity, extra)
         directory = None
         if segmented:
             rows, issued, token = checked_directory(episodes, saved, bounds)
             directory = EpisodeDirectory.from_rows(rows, issued, token, device)
         table = cls(device, segmented=segmented)  # nothing below can fail: adopt
-        table.directory = directory
+        table.directory, table._keeps_commits = directory, commits
         table._allocate(int(saved["episode_id"].shape[0]))
         for name, column in table.columns.items():
             column.copy_(saved[name])
@@ -127,6 +135,7 @@ class EpisodeTable:
         self.episode_id, self.start, self.length, self.times_sampled = self.integers[:4]
         self.terminated = column(torch.bool, False)
         self.priority = column(torch.float64, 1.0)
+        self.commit = column(torch.int64, 0) if self._keeps_commits else None
         if self.directory is not None:
             self.first_step = self.integers[4]  # the segment's first episode step
             self.slot = self.integers[5]  # its episode's directory slot
@@ -175,6 +184,7 @@ class EpisodeTable:
                     "base": self.base,
                 }
             ),
+            **({} if self.commit is None else {COMMIT_COLUMN: self.commit}),
         }
 
     @property
@@ -356,6 +366,14 @@ class EpisodeTable:
         if previous >= self.first_id:
             column["next_key"][self.row_of(previous)] = key
         return key, row
+
+    def keep_commits(self) -> None:
+        """Keep a ``commit`` column (rows at ``start + length``), set by the owner from now on."""
+        if self.commit is not None:
+            return
+        self._keeps_commits = True
+        self.commit = self.start + self.length
+        self.arrays[COMMIT_COLUMN] = engine.view(self.commit)
 
     def count_to_evict(self, capacity: int, incoming: int) -> int:
         """How many oldest episodes must go so that ``incoming`` more transitions fit.

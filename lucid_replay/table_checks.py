@@ -37,7 +37,8 @@ def checked_table_state(
     """A saved table's ``columns`` (on CPU) and id/offset ``ranges``, every invariant checked.
 
     The invariants are listed on `EpisodeTable.from_columns`. ``extra_columns``: the
-    further columns of a segmented table (checked by `lucid_replay.segment_checks`).
+    further columns of a segmented table (checked by `lucid_replay.segment_checks`) and the
+    ``commit`` column of a table that keeps one (each stored row's at least its length).
 
     Raises
     ------
@@ -77,6 +78,10 @@ def checked_table_state(
         (not bool(tiles.all()), "stored episodes tiling [oldest_offset, next_offset) in order"),
         (not bool((torch.isfinite(priority) & (priority > 0)).all()), "priorities finite, > 0"),
         (bool((saved["times_sampled"][stored] < 0).any()), "times_sampled >= 0"),
+        (
+            "commit" in saved and bool((saved["commit"][stored] < length).any()),
+            "commit counters >= their rows' lengths",
+        ),
     ):
         if broken:
             raise CheckpointError(f"checkpoint table must have {rule}, got a table that breaks it")

@@ -261,7 +261,7 @@ def test_an_add_a_shard_refuses_counts_only_what_the_other_shards_stored():
     stored (samplers may draw them) and nothing stays pending."""
     replay = ShardedReplay.create(2, 1000, seed=0, backend="local", rate_limiter=MinSize(10))
 
-    def refuse(packed):
+    def refuse(packed, call=None):
         raise OSError(28, "No space left on device")
 
     replay._shards[1].target.add = refuse

@@ -27,6 +27,7 @@ from lucid_replay import (
     InvalidArgumentError,
     Mixture,
     Prioritized,
+    Recency,
     Uniform,
     Window,
 )
@@ -136,8 +137,9 @@ class _Collector:
 
 def test_ray_shards_with_a_mixture_schema_and_memmap_draw_what_local_shards_draw(cluster, tmp_path):
     """selector=, schema= and storage="memmap" reach Ray shards: same seed, same calls, the
-    same batches (probabilities and weights included) as in-process shards in memory."""
-    mixture = Mixture({Prioritized(): 0.7, Uniform(): 0.3})
+    same batches (probabilities and weights included) as in-process shards in memory, also
+    by `Recency` (replay-wide commit counters issued through the control actor)."""
+    mixture = Mixture({Prioritized(): 0.5, Uniform(): 0.3, Recency(half_life=8): 0.2})
     schema = {"serial": ((), torch.int64), "obs": Field((2,), torch.float32, stack=2)}
     schema["done"] = ((), torch.bool)
     options = {"seed": 5, "selector": mixture, "schema": schema}

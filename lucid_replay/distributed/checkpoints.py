@@ -85,7 +85,8 @@ def restore_shard(
     """Load shard ``index``'s file at ``path`` into ``buffer`` (configured as when saved).
 
     With ``replay`` (a restart), a missing file or one another replay wrote is left alone:
-    returns False and ``buffer`` is unchanged.
+    returns False and ``buffer`` is unchanged. The loaded table keeps its rows' commit
+    counters (`lucid_replay.distributed.commits`).
 
     Raises
     ------
@@ -106,6 +107,7 @@ def restore_shard(
             f"shard file {str(path)!r} must hold shard {index}, got shard {meta.get('index')!r}"
         )
     buffer.load_state_dict(state)
+    buffer._core.store.table.keep_commits()  # a file without commit counters: its own counts
     return True
 
 

@@ -54,7 +54,8 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ClientTransport
     tree and puts the draws back at their positions: the single buffer's law over all
     stored episodes, and weights $(\min p / p)^{\alpha\beta}$ normalised over the whole
     batch (the guide "Scaling out" derives it). ``selector=`` draws by `Uniform`,
-    `Prioritized` or a `Mixture` of them with the same exact law over every shard, and
+    `Prioritized`, `Recency` or a `Mixture` of them with the same exact law over every
+    shard (`Recency`'s age counts the transitions added to every shard), and
     ``batch.probabilities`` is each anchor's global probability
     (`lucid_replay.distributed.draw`). Episode ids pack the shard, its incarnation and the
     shard's own id (`lucid_replay.distributed.ids`), so they never repeat, also across
@@ -166,10 +167,12 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ClientTransport
             priorities by global segment id (batch ``segment_ids``, `update_priorities`).
         selector
             As `PrioritizedSequenceReplay`: ``None`` (`Prioritized`), `Uniform`,
-            `Prioritized` or a `Mixture` of them, with the single buffer's law over every
-            shard and ``batch.probabilities`` the exact global ``P``. A `Prioritized` that
-            carries its own alpha must carry ``alpha``. `Recency` (also in a mixture) is
-            refused: its age counts transitions added to every shard.
+            `Prioritized`, `Recency` or a `Mixture` of them, with the single buffer's law
+            over every shard and ``batch.probabilities`` the exact global ``P``. A
+            `Prioritized` that carries its own alpha must carry ``alpha``. `Recency`'s age
+            counts the transitions committed on every shard after the anchor's episode
+            (segment), in the order the commits reach the replay's control (an `extend`
+            over several shards as one commit, its episodes in order).
         schema, cache_bytes
             As `SequenceReplay` (`Field` stacks and codecs included), for every shard.
         storage, directory
@@ -195,9 +198,9 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ClientTransport
             For a value out of range (``capacity < num_shards``, an unknown ``unit`` or
             ``backend``, ``checkpoint_every`` without ``checkpoint_dir``, a
             ``segment_length`` beyond a shard's capacity, ``priority_unit="segment"``
-            without ``segment_length`` or with ``unit="episode"``, a ``selector`` holding
-            `Recency`, ``directory`` with ``storage="memory"``, a memmap ``directory``
-            that is not new or empty, ...).
+            without ``segment_length`` or with ``unit="episode"``, a ``Prioritized``
+            selector of another alpha, ``directory`` with ``storage="memory"``, a memmap
+            ``directory`` that is not new or empty, ...).
         TypeError
             For a ``rate_limiter`` or ``selector`` of another type, a bad ``schema``, or a
             non-integer count.

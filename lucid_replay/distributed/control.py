@@ -13,7 +13,13 @@ one Ray actor (threaded, so that a blocked insert never holds up a sample) for
   incarnation reported, from which a restart counts what was lost;
 * the same marks for each shard's segment ids (``segments``: its table's row keys, which a
   buffer with ``segment_length`` issues per committed segment), so that global segment ids
-  are encoded, routed and refused exactly as episode ids (`lucid_replay.distributed.ids`).
+  are encoded, routed and refused exactly as episode ids (`lucid_replay.distributed.ids`);
+* the replay-wide *commit counter* (``committed``): the transitions committed on every shard
+  so far, in the order their commits reached the control (an add spread over several shards
+  takes one range, its episodes in their order in the add). `commit` issues a shard's commit
+  its range, atomically, in the report the shard makes anyway before an add (or a streamed
+  append) returns: the shard keeps its rows' places in the range as their commit counters,
+  which `Recency` ages them by (`lucid_replay.distributed.commits`).
 
 Reports from shards (`note`) carry cumulative counters of one incarnation and are applied as
 maxima, so they may arrive in any order.
@@ -32,6 +38,7 @@ __all__: list[str] = []  # internal module
 
 # What a shard's stats add to its buffer's (not summed over shards).
 SHARD_EXTRAS = ("incarnation", "next_local_id", "max_priority", "pid")
+_MAX_CALLS = 1 << 16  # adds whose parts are still to report, at most (the oldest dropped)
 
 
 class Control:
@@ -49,6 +56,9 @@ class Control:
         self._lost = [{"episodes": 0, "transitions": 0} for _ in range(num_shards)]
         # Per shard, the segment ids' starts, replaced ranges and last reported next id.
         self._segments: list[dict[str, Any]] = [_segment_marks() for _ in range(num_shards)]
+        self._committed = 0  # transitions committed on every shard (see `commit`)
+        # Adds spread over several shards: token -> [their counter, parts yet to report].
+        self._calls: dict[int, list[int]] = {}
 
     # ------------------------------------------------------------------------ limiter
     def try_acquire(self, n: int, inserting: bool, wait_s: float | None) -> bool:
@@ -119,15 +129,62 @@ class Control:
         that the end of what an incarnation issued is known when it is replaced.
         """
         with self._lock:
-            if incarnation != len(self._starts[shard]) - 1:
-                return  # a report of an incarnation already replaced
-            noted = self._noted[shard]
-            evicted = counters[2] - noted[2]
-            self._noted[shard] = [max(a, b) for a, b in zip(noted, counters[:3], strict=True)]
-            segments = self._segments[shard]
-            segments["noted"] = max(segments["noted"], counters[3])
+            evicted = self._noted_locked(shard, incarnation, counters)
         if evicted > 0:
             self.limiter.release(deletes=evicted)
+
+    def _noted_locked(self, shard: int, incarnation: int, counters: tuple[int, ...]) -> int:
+        """`note` under the lock: the transitions evicted since the last report."""
+        if incarnation != len(self._starts[shard]) - 1:
+            return 0  # a report of an incarnation already replaced
+        noted = self._noted[shard]
+        evicted = counters[2] - noted[2]
+        self._noted[shard] = [max(a, b) for a, b in zip(noted, counters[:3], strict=True)]
+        segments = self._segments[shard]
+        segments["noted"] = max(segments["noted"], counters[3])
+        return evicted
+
+    def commit(
+        self,
+        shard: int,
+        incarnation: int,
+        counters: tuple[int, ...],
+        transitions: int,
+        call: tuple[int, int, int] | None = None,
+    ) -> int:
+        """`note`, for a shard that just committed ``transitions``: the replay-wide counter before.
+
+        The counter then grows by ``transitions``, in one step under the lock, so that every
+        commit of every shard (whichever client or stream sent it) gets its own range of the
+        replay's count, in the order the commits reach the control. A row committed ``t``
+        transitions into the range has commit counter ``counter + t``.
+
+        ``call``: ``(token, total, parts)`` of an add the client spread over ``parts``
+        shards, ``total`` transitions in all. Its first part to report takes the range of
+        the whole add; every part gets the same counter (each shard places its episodes in
+        the range by their order in the add), and the token is forgotten once all
+        ``parts`` reported.
+        """
+        with self._lock:
+            if call is None:
+                counter = self._committed
+                self._committed += transitions
+            else:
+                token, total, parts = call
+                entry = self._calls.get(token)
+                if entry is None:
+                    entry = self._calls[token] = [self._committed, parts]
+                    self._committed += total
+                    if len(self._calls) > _MAX_CALLS:  # parts of failed adds never report
+                        del self._calls[next(iter(self._calls))]
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del self._calls[token]
+                counter = entry[0]
+            evicted = self._noted_locked(shard, incarnation, counters)
+        if evicted > 0:
+            self.limiter.release(deletes=evicted)
+        return counter
 
     # ---------------------------------------------------------------------- reporting
     def state(self) -> dict[str, Any]:
@@ -141,6 +198,7 @@ class Control:
                 "noted": [list(n) for n in self._noted],
                 "lost": [dict(lost) for lost in self._lost],
                 "segments": [_segment_marks(**marks) for marks in self._segments],
+                "committed": self._committed,
             }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -149,7 +207,8 @@ class Control:
         A state saved before issued ranges were kept has none: each replaced incarnation is
         then taken to have issued every local id from its start on (its ids past the next
         start count as lost, never as refused). A state saved before segment marks were
-        kept is of a replay without segments, whose segment ids are its episode ids.
+        kept is of a replay without segments, whose segment ids are its episode ids. One
+        saved before the commit counter was kept counts the transitions its shards added.
         """
         with self._lock:
             self.limiter.restore(state["limiter"])
@@ -171,6 +230,8 @@ class Control:
                         self._starts, self._issued, self._noted, strict=True
                     )
                 ]
+            added = sum(noted[1] for noted in self._noted)
+            self._committed = int(state.get("committed", added))
 
 
 def _segment_marks(

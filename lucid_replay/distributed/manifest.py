@@ -11,7 +11,7 @@ Entries: ``config`` (what `ShardedReplay.create` checked; ``segment_length`` and
 ``priority_unit`` may be missing, from a manifest written before streamed segments: see
 `with_defaults`), ``control`` (the rate limiter's counters, the schema, each shard's
 incarnations, issued ranges, last reports and losses, and, where saved, the same marks of
-its segment ids under ``segments``),
+its segment ids under ``segments`` and the replay-wide commit counter under ``committed``),
 ``rng`` (numpy PCG64 state), ``beta``, ``cursor``, ``max_priority``,
 ``priority_updates_skipped`` and, from version 2 on, ``generation`` and ``shards`` (each
 shard file's name, SHA-256 and size).
@@ -33,6 +33,7 @@ from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.checks import check_int
 from lucid_replay.errors import CheckpointError
 from lucid_replay.schema import Schema
+from lucid_replay.table_checks import MAX_INDEX
 
 __all__: list[str] = []  # internal module
 
@@ -172,6 +173,8 @@ def check_control(control: Any, num_shards: int, version: int) -> None:
     ranges = version >= 2 or "issued" in control  # none in a manifest of the first version
     issued = _per_shard(control, "issued", num_shards) if ranges else None
     segments = _per_shard(control, "segments", num_shards) if "segments" in control else None
+    if "committed" in control:  # the replay-wide commit counter (older manifests: none)
+        _count("control['committed']", control["committed"], maximum=MAX_INDEX)
     for k in range(num_shards):
         _check_shard_control(k, starts[k], noted[k], lost[k], None if issued is None else issued[k])
         if segments is not None:

@@ -13,8 +13,9 @@ the client from the shards' fields mapped read-only; `lucid_replay.distributed.s
 ``"auto"`` (shared where client and shard are on one node). Compressed fields cannot be
 mapped: ``"shared"`` refuses them, ``"auto"`` sends their batches as objects.
 
-`Recency` is refused on a sharded replay: its age counts the transitions added to the *whole*
-replay after an anchor's commit, and the shards count only their own.
+`Recency` draws across shards too: its age counts the transitions added to the *whole*
+replay after an anchor's commit, which the shards learn from the control with every commit
+(`lucid_replay.distributed.shards`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ from lucid_replay.blocks import checked_cache
 from lucid_replay.errors import must, wrong_type
 from lucid_replay.laws import Prioritized
 from lucid_replay.mapped_files import STORAGES
-from lucid_replay.mixtures import Mixture
 from lucid_replay.prioritized import PrioritizedSequenceReplay
-from lucid_replay.recency import Recency
 from lucid_replay.schema import Schema
 from lucid_replay.selectors import Selector, checked_selector, selector_of_state, selector_state
 
@@ -41,25 +40,16 @@ __all__: list[str] = []  # internal module
 TRANSPORTS = ("auto", "object", "shared")
 TORN = ("redraw", "invalid")
 
-_NO_RECENCY = (
-    "Uniform(), Prioritized() or a Mixture of them on a ShardedReplay (Recency's age counts "
-    "transitions added to every shard, which no shard counts)"
-)
-
 
 def checked(arguments: dict[str, Any], alpha: float, unit: str) -> dict[str, Any]:
     """``selector``, ``schema``, ``storage``, ``directory``, ``cache_bytes`` as plain values.
 
     Every value is checked as `PrioritizedSequenceReplay` checks it (the directory's
-    contents aside: `claim_check`); the selector must not hold a `Recency`.
+    contents aside: `claim_check`).
     """
-    given = arguments["selector"]
     law = checked_selector(
-        given, alpha, PrioritizedSequenceReplay, unit, arguments["segment_length"]
+        arguments["selector"], alpha, PrioritizedSequenceReplay, unit, arguments["segment_length"]
     )
-    parts = law.selectors if isinstance(law, Mixture) else (law,)
-    if any(isinstance(part, Recency) for part in parts):
-        raise must("selector", _NO_RECENCY, given)
     schema = arguments["schema"]
     declared = None if schema is None else Schema.declared(schema)
     storage, directory = arguments["storage"], arguments["directory"]

@@ -2,7 +2,10 @@
 
 Adds go to the shards in turn, one call per shard per `extend`, after the limiter admitted
 their transitions; what each shard stored counts towards what samplers wait on once it
-replied, what a shard refused is given back. Priority updates are checked whole, routed by
+replied, what a shard refused is given back. An `extend` over several shards tells each
+where its episodes lie in the whole add, so that the add takes one range of the replay-wide
+commit counter with its episodes in their order (`lucid_replay.distributed.commits`), as one buffer
+commits them. Priority updates are checked whole, routed by
 id, and the maximum priority is kept global. Under ``priority_unit="segment"`` the ids are
 global segment ids, encoded, checked and routed as episode ids are, against each shard's
 marks of its segment ids.
@@ -17,6 +20,7 @@ but lost in a restart, or evicted, are skipped there.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import numpy as np
@@ -173,15 +177,22 @@ def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
     transitions = int(lengths.sum())
     coordination.acquire(replay, transitions, inserting=True, timeout=timeout)
     targets = (replay._cursor + np.arange(len(episodes))) % replay.num_shards
+    shards = np.unique(targets).tolist()
+    # An add over several shards takes one range of the replay's commit counter, its
+    # episodes placed in their order here (`lucid_replay.distributed.commits`).
+    token, places = (secrets.randbits(62), np.cumsum(lengths)) if len(shards) > 1 else (0, None)
     futures: dict[int, Any] = {}
     replies: dict[int, np.ndarray] = {}
     failure: BaseException | None = None
     try:
-        for k in np.unique(targets).tolist():
+        for k in shards:
             mine = np.flatnonzero(targets == k)
-            futures[k] = replay._shards[k].add.remote(
-                [transport.pack_episode(episodes[i]) for i in mine]
-            )
+            packed = [transport.pack_episode(episodes[i]) for i in mine]
+            if places is None:  # one shard: its episodes take their counters as they arrive
+                futures[k] = replay._shards[k].add.remote(packed)
+            else:
+                call = (token, transitions, len(shards), places[mine], lengths[mine])
+                futures[k] = replay._shards[k].add.remote(packed, call)
     except BaseException as error:
         failure = error
     for k, future in futures.items():  # each shard's reply, also when another one failed

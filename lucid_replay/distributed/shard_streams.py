@@ -11,7 +11,8 @@ Clients send whole segments (``k * segment_length`` steps) with `append_steps`, 
 last piece only with ``flush`` or ``terminated``; so the shard's streams never hold pending
 steps between calls, and the segments committed are those a single buffer commits for the
 same steps in any pieces. Each call reports the shard's counters to the control before it
-returns (new ids, evictions), as `ReplayShard.add` does.
+returns (new ids, evictions), as `ReplayShard.add` does, and its segments get replay-wide
+commit counters as an add's episodes do (`lucid_replay.distributed.commits`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import lucid_replay.distributed.commits as commits
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.transport as transport
 from lucid_replay.errors import InvalidArgumentError, UnknownEpisodeError, must
@@ -126,19 +128,23 @@ class ShardStreams:
             )
         stream = kept[1]
         committed: list[int] = []
-        if steps is not None:
-            episode = transport.unpack_episode((steps, False))
+        episode = None if steps is None else transport.unpack_episode((steps, False))
+        if episode is not None:
             self._agree_schema([episode])
-            store = self.buffer._core.store
-            store.checked_schema(episode, store.schema)
-            committed += self._commit(stream, episode)
-        if flush:
-            key = stream.flush()
-            committed += [] if key is None else [key]
-        if terminated is not None:
-            stream.close(terminated=terminated)
-            del self.streams[episode_id]
-        self._report(wait=True)
+
+        def work() -> None:
+            if episode is not None:
+                store = self.buffer._core.store
+                store.checked_schema(episode, store.schema)
+                committed.extend(self._commit(stream, episode))
+            if flush:
+                key = stream.flush()
+                committed.extend([] if key is None else [key])
+            if terminated is not None:
+                stream.close(terminated=terminated)
+                del self.streams[episode_id]
+
+        commits.committing(self, work)  # reported, with the segments' commit counters
         if terminated is not None:
             self._stored(1)
         return self._global_segments(np.asarray(committed, dtype=np.int64))

@@ -18,7 +18,8 @@ read back (they may hold steps of episodes lost since the restart file was writt
 
 A shard whose buffer has ``segment_length`` also keeps the streams of its open episodes
 (`lucid_replay.distributed.shard_streams`), and its segment ids are global too: encoded as
-episode ids are, from the starts of its segment ids' incarnations.
+episode ids are, from the starts of its segment ids' incarnations. Its table keeps its rows'
+replay-wide commit counters (`lucid_replay.distributed.commits`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 
 import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.checkpoints as checkpoints
+import lucid_replay.distributed.commits as commits
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.options as options
 import lucid_replay.distributed.sharing as sharing
@@ -107,6 +109,7 @@ class ReplayShard(ShardStreams):
             directory=settings.get("directory"),
             cache_bytes=settings.get("cache_bytes", CACHE_BYTES),
         )
+        self.buffer._core.store.table.keep_commits()  # replay-wide: see `commits`
         self.shared = None  # transport="shared": the allocator of the fields clients map
         if settings.get("shared") is not None:
             if restarted:
@@ -202,12 +205,18 @@ class ReplayShard(ShardStreams):
             calls.get(future)
 
     # -------------------------------------------------------------------------- adding
-    def add(self, packed: list[tuple[dict[str, Any], bool]]) -> np.ndarray:
-        """Store episodes (all checked first, also against the replay's schema); global ids."""
+    def add(
+        self, packed: list[tuple[dict[str, Any], bool]], call: commits.Call | None = None
+    ) -> np.ndarray:
+        """Store episodes (all checked first, also against the replay's schema); global ids.
+
+        ``call``: their places in an add over several shards (`commits.committing`).
+        """
         episodes = [transport.unpack_episode(p) for p in packed]
         self._agree_schema(episodes)
-        local = np.asarray(self.buffer.extend(episodes), dtype=np.int64)
-        self._report(wait=True)  # the control knows every id before anyone gets one
+        # Reported before it returns: the control knows every id before anyone gets one.
+        stored = commits.committing(self, lambda: self.buffer.extend(episodes), call)
+        local = np.asarray(stored, dtype=np.int64)
         self._stored(len(episodes))
         return ids.encode(self.index, np.full_like(local, self.incarnation), local)
 
