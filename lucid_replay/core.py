@@ -14,7 +14,6 @@ Shards of a distributed replay draw through `draw_round`, which runs the same st
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ from lucid_replay.batching import Batcher
 from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.engine import Array
 from lucid_replay.episode import Episode
-from lucid_replay.errors import CheckpointError, must
+from lucid_replay.errors import CheckpointError
 from lucid_replay.laws import Law, Uniform
 from lucid_replay.mixtures import Mixture
 from lucid_replay.priorities import Priorities
@@ -131,15 +130,16 @@ class ReplayCore:
         """Draw fitting anchors (distinct unless ``replacement``), weighted if ``weights``."""
         span, extra = window.anchor_span, _extra(window)
         generator, what, sampler = self.generator, _SpanName(window), self.sampler
-        if isinstance(law, Mixture):  # no tree of its own: from its components' trees
-            if not replacement:
-                raise must("replacement", "True with a Mixture selector", replacement)
+        if not replacement:  # a single law or a mixture: successive sampling
+            anchors = draw_distinct(
+                sampler, batch_size, span, what=what, law=law, generator=generator, extra=extra
+            )
+        elif isinstance(law, Mixture):  # no tree of its own: from its components' trees
             anchors = mixture_draws.draw(
                 sampler, law, batch_size, span, what=what, generator=generator, extra=extra
             )
         else:
-            drawing = sampler.checked_draw if replacement else partial(draw_distinct, sampler)
-            anchors = drawing(
+            anchors = sampler.checked_draw(
                 batch_size, span, what=what, law=law, generator=generator, extra=extra
             )
         if weights:

@@ -209,7 +209,7 @@ def _plan(core: ReplayCore, batch_size: int, window: Window) -> _Plan:
     span, extra = window.anchor_span, window.open_anchor_span - window.anchor_span
     extra = extra if table.segmented else 0
     owners, device = table.owners(), table.device
-    episode_ids = engine.tensor(sampler._owner_ids())
+    episode_ids = engine.tensor(sampler.owner_ids())
     generator = core.generator
     if sampler.unit == "chunk":
         rows = torch.arange(table.row_count, device=device)

@@ -16,6 +16,10 @@ masses of its row and their trees' totals. Under a reuse limit the draw goes in 
 from its component's tree, keeps the first draws of each episode up to its allowance, gives
 the episodes that used it up zero mass in *every* component's tree and redraws the rest from
 their own components; each draw's $P$ uses the totals of the round that drew it.
+
+Draws without replacement (`lucid_replay.without_replacement`) draw from `MixtureSource`: the
+components' trees as the rounds lower them, each position's component picked by the weight
+of the mass left in its tree (the law is derived there).
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ import torch
 
 from lucid_replay import engine, sampling, sum_tree
 from lucid_replay.engine import Array
-from lucid_replay.errors import must_have
+from lucid_replay.errors import empty_buffer
 from lucid_replay.mixtures import Mixture
 from lucid_replay.records import Anchors
-from lucid_replay.sampling import AnchorSampler, _count_draws, _occurrence_rank, draw_rows
+from lucid_replay.sampling import AnchorSampler, count_draws, draw_rows, occurrence_rank
 
 __all__: list[str] = []  # internal module
 
@@ -46,7 +50,7 @@ def draw(
     """`AnchorSampler.checked_draw` by ``mixture`` (see the module docstring)."""
     table = sampler.table
     if table.num_episodes == 0:
-        raise must_have("the buffer", "non-empty to sample", "0 stored episodes")
+        raise empty_buffer()
     trees = [sampler.trees.cached(span, law, extra) for law in mixture.selectors]
     if any(tree.total() <= 0 for tree in trees):
         raise sampler.nothing_eligible(span, what, batch_size, extra)
@@ -63,32 +67,32 @@ def draw(
             trees[0].levels,
             picks.numpy(),
             bounds,
-            sampler._uniforms(batch_size, generator),
+            sampler.uniforms(batch_size, generator),
             table.arrays["length"],
             *need,
-            sampler._owner_ids(),
+            sampler.owner_ids(),
             *owners,
         )
-        chances = _probabilities(sampler, mixture, trees, rows, [t.total() for t in trees])
+        chances = probabilities(sampler, mixture, trees, rows, [t.total() for t in trees])
         return Anchors(rows, ids, steps, None, None, chances)
     # component k when bounds[k - 1] <= u < bounds[k]: how many bounds u reached
     labels = (picks[:, None] >= torch.from_numpy(bounds).to(picks.device)).sum(dim=1)
     labels = labels.to(table.device)
     if sampler.reuse_limit is None:
-        rows, steps = _draw_positions(sampler, trees, labels, need, generator)
-        _count_draws(owners.times, owners.slot[rows])
+        rows, steps = draw_positions(sampler, trees, labels, need, generator)
+        count_draws(owners.times, owners.slot[rows])
         totals = [tree.total() for tree in trees]
-        chances = _probabilities(sampler, mixture, trees, rows, totals)
+        chances = probabilities(sampler, mixture, trees, rows, totals)
     else:
         rows, steps, by_round = _draw_within_limit(
             sampler, trees, labels, need, (generator, saved_state)
         )
-        sampler._count_draws_within_limit(engine.tensor(rows))
-        chances = _probabilities(sampler, mixture, trees, rows, list(by_round))
-    return Anchors(rows, sampler._owner_ids()[owners.slot[rows]], steps, None, None, chances)
+        sampler.count_draws_within_limit(engine.tensor(rows))
+        chances = probabilities(sampler, mixture, trees, rows, list(by_round))
+    return Anchors(rows, sampler.owner_ids()[owners.slot[rows]], steps, None, None, chances)
 
 
-def _draw_positions(
+def draw_positions(
     sampler: AnchorSampler,
     trees: list[sum_tree.CachedTree],
     labels: torch.Tensor,
@@ -102,7 +106,7 @@ def _draw_positions(
     """
     rows = torch.empty_like(labels)
     steps = torch.empty_like(labels)
-    uniforms = sampler._uniforms(int(labels.numel()), generator)
+    uniforms = sampler.uniforms(int(labels.numel()), generator)
     order = torch.argsort(labels, stable=True)  # positions by component, in order within
     counts = torch.bincount(labels, minlength=len(trees)).tolist()
     start = 0
@@ -116,7 +120,7 @@ def _draw_positions(
     return engine.view(rows), engine.view(steps)
 
 
-def _probabilities(
+def probabilities(
     sampler: AnchorSampler,
     mixture: Mixture,
     trees: list[sum_tree.CachedTree],
@@ -162,11 +166,11 @@ def _draw_within_limit(
             if any(round_totals[k] <= 0 for k in torch.unique(labels[pending]).tolist()):
                 generator.set_state(saved_state)  # a component has no episode left to draw
                 raise sampler.reuse_limit_error(need[0], batch_size, need[1])
-            drawn = _draw_positions(sampler, trees, labels[pending], need, generator)
+            drawn = draw_positions(sampler, trees, labels[pending], need, generator)
             drawn_rows, drawn_steps = engine.tensor(drawn[0]), engine.tensor(drawn[1])
             every = torch.cat([kept, drawn_rows])
             slots = slot_of[every]
-            rank = _occurrence_rank(slots)
+            rank = occurrence_rank(slots)
             keep = (rank < limit - times[slots])[kept.numel() :]
             at = pending[keep]
             rows[at], steps[at] = drawn_rows[keep], drawn_steps[keep]
@@ -185,6 +189,64 @@ def _draw_within_limit(
         for used_up in exhausted:  # temporary zeros; leaves are recomputed from the table
             sampler.trees.mark_dirty(used_up)
     return engine.view(rows), engine.view(steps), engine.view(totals)
+
+
+class MixtureSource:
+    r"""A `Mixture`'s trees as draws without replacement take them (a `Source` there).
+
+    Every draw picks a component for each position by $w_k = f_k T_k / Z_k$, $T_k$ the
+    component tree's total now and $Z_k$ its total when the call began, then draws each
+    component's positions from its tree (`draw_positions`): the mixture's $P$ restricted to
+    the rows not lowered (the derivation is `lucid_replay.without_replacement`'s).
+    """
+
+    def __init__(self, mixture: Mixture, trees: list[sum_tree.CachedTree]) -> None:
+        self.mixture, self.trees = mixture, trees
+        self.starts = [tree.total() for tree in trees]
+        self.empty = any(start <= 0 for start in self.starts)
+
+    def _weights(self) -> np.ndarray:
+        """float64 ``[K]`` weights ``f_k T_k / Z_k`` (the fractions while nothing is lowered)."""
+        now = [tree.total() for tree in self.trees]
+        pairs = zip(self.mixture.shares, now, self.starts, strict=True)
+        return np.array([f * (t / z) for f, t, z in pairs])
+
+    def total(self) -> float:
+        """`Source.total`: the mixture's mass left, ``sum_k w_k`` (1 while nothing is lowered)."""
+        return float(self._weights().sum())
+
+    def draw(
+        self,
+        sampler: AnchorSampler,
+        count: int,
+        need: tuple[int, int],
+        generator: torch.Generator,
+    ) -> tuple[Array, Array]:
+        """`Source.draw`: ``count`` uniforms pick the components, then `draw_positions`."""
+        cumulative = np.cumsum(self._weights())
+        bounds = torch.from_numpy(cumulative[:-1] / cumulative[-1])  # a spent last part: 1.0
+        picks = torch.empty(count, dtype=torch.float64, device=generator.device)
+        picks.uniform_(generator=generator)
+        labels = (picks[:, None] >= bounds.to(picks.device)).sum(dim=1)
+        return draw_positions(sampler, self.trees, labels.to(sampler.table.device), need, generator)
+
+    def lower(self, rows: torch.Tensor) -> None:
+        """`Source.lower`: leaf 0 in every component's tree."""
+        for tree in self.trees:
+            zeros = torch.zeros_like(rows, dtype=tree.nodes.dtype)
+            sum_tree.assign_leaves(tree.nodes, engine.view(rows), engine.view(zeros))
+
+    def undrawn_share(self, sampler: AnchorSampler, rows: torch.Tensor) -> float:
+        """`Source.undrawn_share`: ``1 - P(drawn) / sum_k w_k`` for anchors of ``rows``."""
+        total = self.total()
+        if total <= 0:
+            return 1.0
+        drawn = self.probabilities(sampler, engine.view(rows))
+        return min(max((total - float(engine.tensor(drawn).sum())) / total, 0.0), 1.0)
+
+    def probabilities(self, sampler: AnchorSampler, rows: Array) -> Array:
+        """`Source.probabilities`: ``sum_k f_k m_k / Z_k`` by the starting totals."""
+        return probabilities(sampler, self.mixture, self.trees, rows, list(self.starts))
 
 
 @engine.jit
@@ -206,7 +268,7 @@ def mixture_draw_loop(
     times: np.ndarray,
     terminated: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`_draw_positions` without a reuse limit, compiled: draw, count, look up the ids.
+    """`draw_positions` without a reuse limit, compiled: draw, count, look up the ids.
 
     ``trees`` are the components' tree arrays (of one table: the same ``levels``); position
     ``i`` is of component ``k``, the number of ``bounds`` (the fractions' cumulative sums)

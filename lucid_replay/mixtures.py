@@ -78,7 +78,9 @@ class Mixture:
     from the *same* component, renormalised over the episodes still allowed, so each draw
     follows the mixture of the components' renormalised laws; its ``P`` is reported with the
     components' totals of the round that drew it, as a single law's is. Draws without
-    replacement (``replacement=False``) by a mixture are refused: use a single selector.
+    replacement (``replacement=False``) follow successive sampling by $P$: each draw by
+    $\sum_k f_k P_k$ renormalised over the anchors (episodes) not drawn yet in the batch,
+    each reporting its unconditional $P$.
 
     Examples
     --------
@@ -95,6 +97,9 @@ class Mixture:
     >>> batch = buffer.sample_windows(4, Window(4))  # P = (P_prioritized + 1/2) / 2
     >>> batch.episode_ids.tolist(), batch.probabilities.round(decimals=4).tolist()
     ([0, 1, 1, 0], [0.4205, 0.5795, 0.5795, 0.4205])
+    >>> distinct = buffer.sample_windows(2, Window(4), replacement=False)
+    >>> sorted(distinct.episode_ids.tolist())
+    [0, 1]
     """
 
     components: tuple[tuple[Component, float], ...] = attrs.field(converter=_components)

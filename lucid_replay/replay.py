@@ -362,11 +362,11 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         allocating one (as for `sample`).
 
         ``replacement=False``: no anchor (``unit="episode"``: no episode) twice in the
-        batch, by successive sampling (each draw by the law renormalised over the anchors
-        not drawn yet); ``probabilities`` (and weights) are each anchor's unconditional
-        probability under the law. A reuse limit still applies. A ``batch_size`` beyond the
-        eligible anchors (episodes) is refused, nothing drawn. See the concepts page
-        "Epochs and draws without replacement".
+        batch, by successive sampling (each draw by the law, a `Mixture`'s too, renormalised
+        over the anchors not drawn yet); ``probabilities`` (and weights) are each anchor's
+        unconditional probability under the law. A reuse limit still applies. A
+        ``batch_size`` beyond the eligible anchors (episodes) is refused, nothing drawn. See
+        the concepts page "Epochs and draws without replacement".
         """
         check_batch_size(batch_size)
         self._check_window(window)

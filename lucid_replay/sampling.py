@@ -57,7 +57,7 @@ class AnchorSampler:
         self.reuse_limit = reuse_limit
         self.trees = Trees(table, unit, reuse_limit)
         self.episodes_retired = torch.zeros((), dtype=torch.int64, device=table.device)
-        self._kept_uniforms: torch.Tensor | None = None  # see `_uniforms`
+        self._kept_uniforms: torch.Tensor | None = None  # see `uniforms`
         self._kept_array: Array = None
 
     def adopt(self, table: EpisodeTable, episodes_retired: int, trees: TreeKeys = ()) -> None:
@@ -124,28 +124,28 @@ class AnchorSampler:
             rows, steps, ids, drawn = draw_loop(
                 cached.array,
                 cached.levels,
-                self._uniforms(batch_size, generator),
+                self.uniforms(batch_size, generator),
                 column["length"],
                 *need,
-                self._owner_ids(),
+                self.owner_ids(),
                 column["priority"] if law.by_priority else UNIFORM_TREE,
                 *owners,
             )
             chances = law.probability(self.table, rows, cached.scale, total)
             return Anchors(rows, ids, steps, drawn if law.by_priority else None, None, chances)
         if self.reuse_limit is None:
-            rows, steps = self._draw_rows(cached, batch_size, need, generator)
-            _count_draws(owners.times, owners.slot[rows])
+            rows, steps = self.draw_tree_rows(cached, batch_size, need, generator)
+            count_draws(owners.times, owners.slot[rows])
         else:
             drawn_rows, drawn_steps, totals = self._draw_within_limit(
                 cached, batch_size, need, generator
             )
-            self._count_draws_within_limit(drawn_rows)
+            self.count_draws_within_limit(drawn_rows)
             rows, steps, total = (engine.view(t) for t in (drawn_rows, drawn_steps, totals))
         chances = law.probability(self.table, rows, cached.scale, total)
         return self._anchors(rows, steps, law, chances)
 
-    def _owner_ids(self) -> Array:
+    def owner_ids(self) -> Array:
         """Episode ids by directory slot (by row for whole episodes)."""
         directory = self.table.directory
         return (
@@ -171,25 +171,25 @@ class AnchorSampler:
         that the mass is positive.
         """
         cached = self.trees.cached(span, law, extra)
-        rows, steps = self._draw_rows(cached, count, (span, extra), generator)
+        rows, steps = self.draw_tree_rows(cached, count, (span, extra), generator)
         owners = self.table.owners()
         if self.reuse_limit is None:
-            _count_draws(owners.times, owners.slot[rows])
+            count_draws(owners.times, owners.slot[rows])
             return self._anchors(rows, steps, law), torch.ones(count, dtype=torch.bool)
         rows, steps = engine.tensor(rows), engine.tensor(steps)
         slots = engine.tensor(owners.slot)[rows]
         allowance = self.reuse_limit - engine.tensor(owners.times)[slots]
-        keep = _occurrence_rank(slots) < allowance
+        keep = occurrence_rank(slots) < allowance
         rows, steps = rows[keep], steps[keep]
-        self._count_draws_within_limit(rows)
+        self.count_draws_within_limit(rows)
         return self._anchors(engine.view(rows), engine.view(steps), law), keep.cpu()
 
     def _anchors(self, rows: Array, steps: Array, law: Law, chances: Array = None) -> Anchors:
         owners = self.table.owners()
         drawn = self.table.arrays["priority"][rows] if law.by_priority else None
-        return Anchors(rows, self._owner_ids()[owners.slot[rows]], steps, drawn, None, chances)
+        return Anchors(rows, self.owner_ids()[owners.slot[rows]], steps, drawn, None, chances)
 
-    def _count_draws_within_limit(self, rows: torch.Tensor) -> None:
+    def count_draws_within_limit(self, rows: torch.Tensor) -> None:
         """Count the draws of ``rows``' episodes; those reaching the limit retire (leaf 0)."""
         assert self.reuse_limit is not None
         owners = self.table.owners()
@@ -206,7 +206,7 @@ class AnchorSampler:
         if self.table.segmented and bool(retiring.any()):  # every segment of theirs: leaf 0
             self.trees.mark_dirty(self.table.segment_rows(slots[retiring]))
 
-    def _draw_rows(
+    def draw_tree_rows(
         self,
         cached: sum_tree.CachedTree,
         count: int,
@@ -214,10 +214,10 @@ class AnchorSampler:
         generator: torch.Generator,
     ) -> tuple[Array, Array]:
         """``count`` rows by leaf mass and a uniform eligible step in each (`draw_rows`)."""
-        uniforms = self._uniforms(count, generator)
+        uniforms = self.uniforms(count, generator)
         return draw_rows(cached, self.table, uniforms, need)
 
-    def _uniforms(self, count: int, generator: torch.Generator) -> Array:
+    def uniforms(self, count: int, generator: torch.Generator) -> Array:
         """``[count, 2]`` float64 uniforms from ``generator``, an `engine` array.
 
         Drawn into a tensor kept for the next draw of the same size (what ``torch.rand``
@@ -263,11 +263,11 @@ class AnchorSampler:
                 if total <= 0:
                     generator.set_state(saved_state)
                     raise self.reuse_limit_error(need[0], batch_size, need[1])
-                drawn = self._draw_rows(cached, batch_size - rows.numel(), need, generator)
+                drawn = self.draw_tree_rows(cached, batch_size - rows.numel(), need, generator)
                 new_rows, new_steps = engine.tensor(drawn[0]), engine.tensor(drawn[1])
                 every = torch.cat([rows, new_rows])
                 slots = slot_of[every]  # the allowance is its episode's
-                rank = _occurrence_rank(slots)
+                rank = occurrence_rank(slots)
                 allowance = self.reuse_limit - times[slots]
                 keep = (rank < allowance)[rows.numel() :]
                 rows = torch.cat([rows, new_rows[keep]])
@@ -318,7 +318,7 @@ class AnchorSampler:
         return reuse_limit_reached(self.reuse_limit, self.draws_left(span, extra), batch_size)
 
 
-def _count_draws(times: Array, slots: Array) -> None:
+def count_draws(times: Array, slots: Array) -> None:
     """``times[slots] += 1``, a repeated slot counted once per draw."""
     if engine.compiled(slots):
         count_draws_loop(times, slots)  # np.add.at costs ~10 us for 256 rows
@@ -376,7 +376,7 @@ def draw_rows_loop(
 
 @engine.jit
 def count_draws_loop(times: np.ndarray, slots: np.ndarray) -> None:
-    """`_count_draws`, compiled: ``times[slots] += 1``, a repeated slot once per occurrence."""
+    """`count_draws`, compiled: ``times[slots] += 1``, a repeated slot once per occurrence."""
     for i in range(slots.shape[0]):
         times[slots[i]] += 1
 
@@ -431,7 +431,7 @@ def draw_loop(
     return rows, steps, ids, drawn
 
 
-def _occurrence_rank(values: torch.Tensor) -> torch.Tensor:
+def occurrence_rank(values: torch.Tensor) -> torch.Tensor:
     """For each element, how many equal elements precede it (vectorised, stable)."""
     order = torch.argsort(values, stable=True)
     ordered = values[order]
@@ -446,4 +446,4 @@ def _occurrence_rank(values: torch.Tensor) -> torch.Tensor:
 
 def _first_occurrence(values: torch.Tensor) -> torch.Tensor:
     """Bool mask: the element is the first of its value."""
-    return _occurrence_rank(values) == 0
+    return occurrence_rank(values) == 0

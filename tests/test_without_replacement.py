@@ -385,19 +385,3 @@ def test_sample_prioritized_draws_distinct_chunks(unit):
         InvalidTypeError,
         r"^replacement must be a bool, got 0$",
     )
-
-
-def test_a_mixture_selector_refuses_draws_without_replacement() -> None:
-    """No successive-sampling draw by a mixture yet: refused, nothing drawn."""
-    from lucid_replay import Mixture, Prioritized, Recency, Uniform
-
-    selector = Mixture({Prioritized(): 0.5, Uniform(): 0.3, Recency(half_life=20): 0.2})
-    buffer = PrioritizedSequenceReplay(100, seed=0, selector=selector)
-    for length in (6, 9, 4):
-        buffer.add(make_episode(length))
-    assert_refused(
-        buffer,
-        lambda: buffer.sample_windows(2, Window(2), replacement=False),
-        ValueError,
-        "replacement must be True with a Mixture selector",
-    )
