@@ -9,21 +9,23 @@ compressed. A gather decodes only the blocks its slots fall in, through the buff
 decoded block straight into the batch: the bytes are the ones written, so a batch is
 bit-identical to an uncompressed buffer's.
 
+Where the frames are kept is a *frame store* (`lucid_replay.block_files`): a list in memory,
+or, with ``storage="memmap"``, a sparse file of the buffer's directory and its index, which
+`sync` completes by writing the head block's frame too (`BlockField.persist`). The logic
+here is the same for both.
+
 Both libraries release the GIL while they compress and decode, and so does the compiled copy:
 a gather spreads its decodes and its copy over torch's thread count (`host_threads`), as an
 uncompressed gather's one torch copy does, and a background thread (``iterate``'s prefetch)
-decodes while the learner's thread runs. The codecs are the extra
-``compress`` (``pip install lucid-replay[compress]``): `codec_module` names it when a
-library is missing.
+decodes while the learner's thread runs. The codecs are the extra ``compress`` (``pip
+install lucid-replay[compress]``): `block_files.codec_module` names it when a library is
+missing.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Final
 
@@ -31,130 +33,58 @@ import numpy as np
 import torch
 
 from lucid_replay import engine, host_threads
+from lucid_replay.block_files import BlockCache, Codec, FrameStore, MemoryFrames
 
 __all__: list[str] = []  # internal module
 
-CODECS: Final = ("zstd", "lz4")
 BLOCK_STEPS: Final = 32  # slots per compressed block: the unit a gather decodes
-_LIBRARIES: Final = {"zstd": "zstandard", "lz4": "lz4.block"}
-_ZSTD_LEVEL: Final = 1  # fast; frames of pixels compress ~10x at any level
 CACHE_BYTES: Final = 256 << 20  # a buffer's decoded blocks, by default
 ARENA_BYTES: Final = 256 << 20  # the most decoded blocks a gather lays side by side at once
 _SPLIT_BYTES: Final = 1 << 20  # below this much copying per thread, one thread copies
 _SPLIT_BLOCKS: Final = 4  # below this many blocks to decode per thread, one thread decodes
 
 
-def codec_module(codec: str) -> ModuleType:
-    """The library of ``codec``, or an `ImportError` that names the extra to install."""
-    name = _LIBRARIES[codec]
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        raise ImportError(
-            f"codec={codec!r} needs the {name.split('.')[0]!r} package: "
-            "pip install 'lucid-replay[compress]'"
-        ) from None
-
-
-def checked_cache(
-    cache_bytes: object, codecs: Mapping[str, str], device: torch.device, storage: object
-) -> int:
-    """``cache_bytes`` (an int ``>= 0``), and compressed fields only where they can be kept.
-
-    Compressed fields are decoded on the host: they need CPU storage in memory.
-    """
+def checked_cache(cache_bytes: object, codecs: Mapping[str, str], device: torch.device) -> int:
+    """``cache_bytes`` (an int ``>= 0``); compressed fields only on the CPU, which decodes them."""
     from lucid_replay.checks import check_int  # checks imports torch only; kept local
     from lucid_replay.errors import must
 
     cache = check_int("cache_bytes", cache_bytes, minimum=0)
     if codecs and device.type != "cpu":
         raise must("device", "'cpu' with compressed fields (Field codec=...)", str(device))
-    if codecs and storage != "memory":
-        raise must("storage", "'memory' with compressed fields (Field codec=...)", storage)
     return cache
-
-
-class _Codec:
-    """Compresses and decodes raw blocks of a known size with one library."""
-
-    def __init__(self, codec: str) -> None:
-        self.name = codec
-        module = codec_module(codec)
-        if codec == "zstd":
-            self._compressor = module.ZstdCompressor(level=_ZSTD_LEVEL)
-        self._module = module
-        self._local = threading.local()  # a zstd decompressor is not thread safe: one each
-
-    def compress(self, raw: np.ndarray) -> bytes:
-        if self.name == "zstd":
-            return bytes(self._compressor.compress(raw))
-        return bytes(self._module.compress(raw, store_size=False))
-
-    def decode(self, frame: bytes, size: int) -> np.ndarray:
-        if self.name == "zstd":
-            decompressor = getattr(self._local, "decompressor", None)
-            if decompressor is None:
-                decompressor = self._local.decompressor = self._module.ZstdDecompressor()
-            data = decompressor.decompress(frame, max_output_size=size)
-        else:
-            data = self._module.decompress(frame, uncompressed_size=size)
-        return np.frombuffer(data, dtype=np.uint8)
-
-
-class BlockCache:
-    """Decoded blocks, least recently used dropped first, at most ``max_bytes`` in all."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._blocks: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
-
-    def get(self, key: tuple[int, int]) -> np.ndarray | None:
-        block = self._blocks.get(key)
-        if block is not None:
-            self._blocks.move_to_end(key)
-        return block
-
-    def put(self, key: tuple[int, int], block: np.ndarray) -> None:
-        if block.nbytes > self.max_bytes:
-            return  # never kept: it would push out everything else
-        self.drop(key)
-        self._blocks[key] = block
-        self.nbytes += block.nbytes
-        while self.nbytes > self.max_bytes:
-            _, oldest = self._blocks.popitem(last=False)
-            self.nbytes -= oldest.nbytes
-
-    def drop(self, key: tuple[int, int]) -> None:
-        block = self._blocks.pop(key, None)
-        if block is not None:
-            self.nbytes -= block.nbytes
-
-    def owned_by(self, owner: int) -> int:
-        """Bytes of the cached blocks of field ``owner``."""
-        return sum(block.nbytes for (who, _), block in self._blocks.items() if who == owner)
 
 
 class BlockField:
     """One field's ``capacity`` slots of ``step_bytes`` bytes each, as compressed blocks.
 
-    ``owner``: this field's key in ``cache``. Slots never written read as zeros.
+    ``owner``: this field's key in ``cache``; ``frames``: where the frames are kept (a
+    `lucid_replay.block_files` store, in memory if None). Slots never written read as zeros.
+    A frame that would not be shorter than its raw block is kept raw (its length says so).
     """
 
     def __init__(
-        self, capacity: int, step_bytes: int, codec: str, cache: BlockCache, owner: int
+        self,
+        capacity: int,
+        step_bytes: int,
+        codec: str,
+        cache: BlockCache,
+        owner: int,
+        frames: FrameStore | None = None,
     ) -> None:
         self.capacity, self.step_bytes = capacity, step_bytes
-        self.codec, self.cache, self.owner = _Codec(codec), cache, owner
-        self.frames: list[bytes | None] = [None] * math.ceil(capacity / BLOCK_STEPS)
+        self.codec, self.cache, self.owner = Codec(codec), cache, owner
+        self.frames = MemoryFrames(block_count(capacity)) if frames is None else frames
         self.head = -1  # the block being written, raw in `staging`
         self.staging = np.zeros((BLOCK_STEPS, step_bytes), dtype=np.uint8)
 
     @property
     def stored_bytes(self) -> int:
-        """Compressed frames plus the raw head block."""
-        sealed = sum(len(frame) for frame in self.frames if frame is not None)
-        return sealed + (self.staging.nbytes if self.head >= 0 else 0)
+        """Compressed frames plus the raw head block (not also the head's frame, if any)."""
+        if self.head < 0:
+            return self.frames.stored_bytes
+        held = self.frames.has(self.head) and len(self.frames.get(self.head))
+        return self.frames.stored_bytes - held + self.staging.nbytes
 
     def write(self, slot: int, raw: np.ndarray) -> None:
         """Copy ``raw`` (``[n, step_bytes]`` uint8) to slots ``slot .. slot + n - 1``."""
@@ -223,7 +153,9 @@ class BlockField:
     def scatter(self, slots: np.ndarray, raw: np.ndarray) -> None:
         """Write ``raw[i]`` (``[n, step_bytes]`` uint8) to slot ``slots[i]``, in any order.
 
-        Each block touched is decoded, changed and compressed again (the head in place).
+        Each block touched is decoded, changed and compressed again (the head in place, and
+        in its file too where the frames are files: as a raw field's file, they then hold
+        the values written back).
         """
         blocks = slots // BLOCK_STEPS
         for block in np.unique(blocks).tolist():
@@ -231,16 +163,33 @@ class BlockField:
             within = slots[picked] - block * BLOCK_STEPS
             if block == self.head:
                 self.staging[within] = raw[picked]
+                if self.frames.persistent:
+                    self.persist()
                 continue
             decoded = self._decoded(block).copy()
             decoded[within] = raw[picked]
-            self.frames[block] = self.codec.compress(decoded)
+            self.frames.put(block, self._pack(decoded))
             self.cache.drop((self.owner, block))
 
     def seal(self) -> None:
-        """Compress the head block (before a checkpoint reads every block the same way)."""
+        """Compress the head block: no block is then kept raw."""
         if self.head >= 0:
             self._move_head(-1, keep_old=False)
+
+    def persist(self) -> None:
+        """Write the head block's frame too (`sync`); it stays the head, raw, as before."""
+        if self.head >= 0:
+            self.frames.put(self.head, self._pack(self.staging[: self._block_size(self.head)]))
+
+    def missing(self, first: int, count: int) -> bool:
+        """Whether a block holding one of ``count`` slots from ``first`` (wrapping) has no frame."""
+        start, count = first % self.capacity, min(count, self.capacity)
+        end, written = start + count, self.frames.written()
+        if self.head >= 0:
+            written[self.head] = True
+        runs = [(start, min(end, self.capacity)), (0, max(end - self.capacity, 0))]
+        held = [written[a // BLOCK_STEPS : -(-b // BLOCK_STEPS)] for a, b in runs if b > a]
+        return not all(bool(part.all()) for part in held)
 
     # --------------------------------------------------------------------------- inside
     def _block_size(self, block: int) -> int:
@@ -249,8 +198,7 @@ class BlockField:
     def _move_head(self, block: int, *, keep_old: bool) -> None:
         """Compress the head block and make ``block`` the head (its slots kept if ``keep_old``)."""
         if self.head >= 0:
-            size = self._block_size(self.head)
-            self.frames[self.head] = self.codec.compress(self.staging[:size])
+            self.frames.put(self.head, self._pack(self.staging[: self._block_size(self.head)]))
             self.cache.drop((self.owner, self.head))  # decoded before it was rewritten
         if block >= 0 and keep_old:
             self.staging[: self._block_size(block)] = self._decoded(block)
@@ -261,7 +209,7 @@ class BlockField:
         held: list[np.ndarray | None] = [None] * len(blocks)
         missing: list[int] = []
         for i, block in enumerate(blocks):
-            if block == self.head or self.frames[block] is None:
+            if block == self.head or not self.frames.has(block):
                 held[i] = self._decoded(block)
             else:
                 held[i] = self.cache.get((self.owner, block))
@@ -281,9 +229,16 @@ class BlockField:
 
     def _decode(self, block: int) -> np.ndarray:
         """Block ``block``'s compressed frame, decoded (``[block size, step_bytes]``)."""
-        size, frame = self._block_size(block), self.frames[block]
-        assert frame is not None
+        size, frame = self._block_size(block), self.frames.get(block)
+        if len(frame) == size * self.step_bytes:  # kept raw
+            kept: np.ndarray = np.frombuffer(frame, dtype=np.uint8).copy()
+            return kept.reshape(size, self.step_bytes)
         return self.codec.decode(frame, size * self.step_bytes).reshape(size, self.step_bytes)
+
+    def _pack(self, raw: np.ndarray) -> bytes:
+        """``raw``'s frame: compressed, or raw where compressing would not make it shorter."""
+        frame = self.codec.compress(raw)
+        return frame if len(frame) < raw.nbytes else raw.tobytes()
 
     def _decoded(self, block: int) -> np.ndarray:
         """Block ``block``'s slots, ``[block size, step_bytes]`` (read-only or the head's)."""
@@ -293,11 +248,16 @@ class BlockField:
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        if self.frames[block] is None:
+        if not self.frames.has(block):
             return np.zeros((self._block_size(block), self.step_bytes), dtype=np.uint8)
         decoded = self._decode(block)
         self.cache.put(key, decoded)
         return decoded
+
+
+def block_count(capacity: int) -> int:
+    """Blocks of a field of ``capacity`` slots."""
+    return math.ceil(capacity / BLOCK_STEPS)
 
 
 def step_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -322,7 +282,10 @@ def as_values(raw: np.ndarray, shape: tuple[int, ...], dtype: torch.dtype) -> to
 class CompressedFields:
     """A ring's compressed fields: a `BlockField` each, sharing one `BlockCache`.
 
-    ``specs``: name -> ``(per-step shape, dtype)``; ``codecs``: name -> codec.
+    ``specs``: name -> ``(per-step shape, dtype)``; ``codecs``: name -> codec; ``stores``:
+    where each field's frames are kept, ``stores(name, capacity, sizes)`` given each block's raw
+    bytes
+    (a ``storage="memmap"`` allocator's `frame_store`; in memory where None).
     """
 
     def __init__(
@@ -331,13 +294,17 @@ class CompressedFields:
         specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
         codecs: Mapping[str, str],
         cache_bytes: int,
+        stores: Callable[[str, int, np.ndarray], FrameStore] | None = None,
     ) -> None:
         self.specs = dict(specs)
         self.cache = BlockCache(cache_bytes)
-        self.fields = {
-            name: BlockField(capacity, step_bytes(*spec), codecs[name], self.cache, owner)
-            for owner, (name, spec) in enumerate(self.specs.items())
-        }
+        self.fields = {}
+        sizes = np.full(block_count(capacity), BLOCK_STEPS, dtype=np.int64)
+        sizes[-1] = capacity - (sizes.shape[0] - 1) * BLOCK_STEPS
+        for owner, (name, spec) in enumerate(self.specs.items()):
+            width = step_bytes(*spec)
+            frames = None if stores is None else stores(name, capacity, sizes * width)
+            self.fields[name] = BlockField(capacity, width, codecs[name], self.cache, owner, frames)
 
     def write(self, begin: int, first: int, steps: Mapping[str, torch.Tensor]) -> None:
         """Write each field's steps from slot ``begin`` (``first`` of them, the rest from 0)."""
@@ -388,6 +355,15 @@ class CompressedFields:
                     for start, count in spans
                 ],
             )
+
+    def persist(self) -> None:
+        """Write each field's head block into its frames too (see `BlockField.persist`)."""
+        for field in self.fields.values():
+            field.persist()
+
+    def missing(self, first: int, count: int) -> list[str]:
+        """The fields with a block of ``count`` slots from ``first`` (wrapping) never written."""
+        return [name for name, field in self.fields.items() if field.missing(first, count)]
 
     def stored_bytes(self, name: str | None = None) -> int:
         """Bytes of field ``name``'s blocks (``None``: of every field)."""

@@ -50,7 +50,7 @@ def _check_codec(instance: Field, attribute: attrs.Attribute[Any], codec: Any) -
         return
     if not isinstance(codec, str) or codec not in CODECS:
         raise must("codec", f"None or one of {CODECS}", codec)
-    from lucid_replay.blocks import codec_module  # numpy and the codec: only when asked
+    from lucid_replay.block_files import codec_module  # numpy and the codec: only when asked
 
     codec_module(codec)  # an ImportError that names the extra to install
 
@@ -85,7 +85,9 @@ class Field:
         compressed blocks of 32 consecutive ring slots, and a gather decodes only the blocks
         it reads, through a cache of decoded blocks (``cache_bytes`` of the buffer). Batches
         are bit-identical to an uncompressed field's. Needs the extra ``compress``
-        (``zstandard``, ``lz4``) and CPU storage (``device="cpu"``, ``storage="memory"``).
+        (``zstandard``, ``lz4``) and CPU storage (``device="cpu"``); with
+        ``storage="memmap"`` the blocks are kept in a sparse file of the buffer's directory,
+        so the disk and the page cache hold only the compressed frames.
 
     Raises
     ------

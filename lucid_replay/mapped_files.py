@@ -12,6 +12,13 @@ synced state still holds (once the ring has wrapped onto them). The ring reports
 every write (`FileBacked.written`); once a write reaches past ``synced oldest + capacity``,
 its end is recorded in a small file first. `open` evicts, oldest first, the synced episodes
 (segments) whose steps were overwritten so, and restores everything else exactly.
+
+A compressed field (``Field(codec=...)``) keeps its blocks' frames in a sparse file and an
+index beside it (`frame_store`; `lucid_replay.block_files`): `sync` first writes the one raw
+block being written as a frame too. A block rewritten after a sync (the head block's next
+steps, a lap, a ``write_back``) gets its new frame in a second slot before its index entry
+flips to it, so the synced steps it holds are never half-written, and the guard covers the
+overwritten steps as for raw fields.
 """
 
 from __future__ import annotations
@@ -24,13 +31,16 @@ import mmap
 import os
 import struct
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from lucid_replay import files
+from lucid_replay.block_files import MappedFrames, index_file
 from lucid_replay.errors import CheckpointError, must, wrong_type
 
 __all__: list[str] = []  # internal module
@@ -58,6 +68,7 @@ class FileBacked:
         self.names: dict[str, str] = {}  # the current ring's field files (set by `allocate`)
         self._existing = dict(names or {})
         self._maps: list[mmap.mmap] = []
+        self._stores: weakref.WeakSet[MappedFrames] = weakref.WeakSet()  # the rings' own
         self.capacity = 0
         self.guard_from: int | None = None  # a write ending past this overwrites synced steps
         self.guarded = 0  # the end recorded in the guard file
@@ -71,6 +82,8 @@ class FileBacked:
         count = math.prod(shape)
         size = count * torch.empty((), dtype=dtype).element_size()
         existing = self._existing.pop(name, None)
+        if existing is not None and not existing.endswith(".bin"):
+            raise CheckpointError(f"field file {existing!r} must be raw for field {name!r}")
         file = existing or f"field-{uuid.uuid4().hex[:12]}.bin"
         path = self.directory / file
         flags = os.O_RDWR if existing else os.O_RDWR | os.O_CREAT | os.O_EXCL
@@ -99,6 +112,26 @@ class FileBacked:
         self._maps.append(mapped)
         return torch.frombuffer(mapped, dtype=dtype, count=count).view(shape)
 
+    def frame_store(self, name: str, capacity: int, sizes: np.ndarray) -> MappedFrames:
+        """Compressed field ``name``'s frames in its files.
+
+        ``capacity`` slots in blocks of ``sizes`` raw bytes each.
+
+        Raises
+        ------
+        CheckpointError
+            For existing files that cannot be this field's (see `MappedFrames`).
+        """
+        existing = self._existing.pop(name, None)
+        if existing is not None and not existing.endswith(".blocks"):
+            raise CheckpointError(f"field file {existing!r} must be blocks for field {name!r}")
+        file = existing or f"field-{uuid.uuid4().hex[:12]}.blocks"
+        store = MappedFrames(self.directory / file, sizes, create=existing is None)
+        self.capacity = capacity
+        self.names[name] = file
+        self._stores.add(store)
+        return store
+
     def names_to_map(self) -> list[str]:
         """The fields whose existing files `allocate` will map (a directory being opened)."""
         return list(self._existing)
@@ -122,6 +155,8 @@ class FileBacked:
         for mapped in self._maps:
             if not mapped.closed:
                 mapped.flush()
+        for store in self._stores:
+            store.flush()
 
 
 def checked_storage(storage: object, directory: object, device: torch.device) -> FileBacked | None:
@@ -165,7 +200,8 @@ def sync_state(allocator: FileBacked, state: dict[str, Any], oldest_offset: int)
 
     checkpoint.write(allocator.directory / STATE, state)
     allocator.guard_from = oldest_offset + allocator.capacity
-    keep = {MARKER, STATE, GUARD, *allocator.names.values()}
+    names = allocator.names.values()
+    keep = {MARKER, STATE, GUARD, *names, *(index_file(name) for name in names)}
     for entry in allocator.directory.iterdir():
         if entry.name not in keep and entry.name.startswith("field-"):
             entry.unlink(missing_ok=True)  # a field file no ring maps any more

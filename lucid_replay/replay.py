@@ -82,7 +82,9 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         ``"memory"`` (default, ``directory=None``): fields in the device's memory.
         ``"memmap"`` (CPU only): each field in a file under ``directory`` (a new or empty
         directory, created if needed), mapped into memory, so ``capacity`` may exceed RAM;
-        `sync` makes the directory a checkpoint and `open` reopens it.
+        `sync` makes the directory a checkpoint and `open` reopens it. A compressed field
+        (``Field(codec=...)``) keeps its compressed blocks there: the disk and the page cache
+        hold only its frames.
     cache_bytes
         The most bytes of decoded blocks the compressed fields (``Field(codec=...)``) keep
         for gathers, all fields together (default 256 MiB; 0 keeps none).
@@ -147,7 +149,7 @@ class SequenceReplay(EpisodeStreams, Checkpointing, Reporting, Iterators):
         self._device = check_device("device", device)
         generator = make_generator(seed, self._device)
         codecs = {} if declared is None else declared.codecs
-        cache_bytes = checked_cache(cache_bytes, codecs, self._device, storage)
+        cache_bytes = checked_cache(cache_bytes, codecs, self._device)
         files = checked_storage(storage, directory, self._device)  # claims: the last check
         self._lock = threading.RLock()
         self._core = ReplayCore(

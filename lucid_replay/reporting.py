@@ -62,7 +62,9 @@ class Reporting:
               that allocation, whether the steps fill it or not (``raw_bytes <=
               stored_bytes``, equal once the buffer is full); 0 before the first add. A
               compressed field (``Field(codec=...)``) holds its compressed blocks of 32
-              slots, plus the one block being written, raw;
+              slots, plus the one block being written, raw (with ``storage="memmap"`` the
+              blocks are in a file, which holds this many bytes, each frame rounded up to
+              whole pages);
             - ``cache_bytes``: the compressed field's decoded blocks kept for gathers (at
               most the buffer's ``cache_bytes`` for all fields together); 0 for raw fields.
 

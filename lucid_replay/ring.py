@@ -45,9 +45,7 @@ class TransitionRing:
         self.device = device
         self.allocator = allocator
         self.fields: dict[str, torch.Tensor] = {}  # the fields kept raw
-        # The fields kept as compressed blocks (`Field(codec=...)`; CPU only), and the
-        # bytes of decoded blocks their gathers may keep.
-        self.compressed: CompressedFields | None = None
+        self.compressed: CompressedFields | None = None  # fields kept as compressed blocks
         self.cache_bytes = cache_bytes
         self._host_fields: dict[str, np.ndarray] | None = None
         # Where each CPU field's memory is, and its bytes per record, for the compiled gather.
@@ -57,8 +55,7 @@ class TransitionRing:
         self._views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # see _run_views
         self._splits: dict[tuple[int, int, int], tuple[np.ndarray, tuple[str, ...]]] = {}
         self._scratch: dict[str, torch.Tensor] = {}
-        # A file-backed allocator is told the end of each write before it happens (see
-        # `lucid_replay.mapped_files`); memory has nothing to record.
+        # A file-backed allocator is told each write's end first (`lucid_replay.mapped_files`).
         self._written: Callable[[int], None] | None = getattr(allocator, "written", None)
         # Fields gathered as frame stacks (name -> frames, pad; `lucid_replay.stacks`), and
         # rings over some of the fields' memory, for their gathers (see `part`).
@@ -78,7 +75,10 @@ class TransitionRing:
         self.compressed = None
         if codecs:
             specs = {name: schema[name] for name in codecs}
-            self.compressed = CompressedFields(self.capacity, specs, codecs, self.cache_bytes)
+            stores = getattr(self.allocator, "frame_store", None)  # files, or memory (None)
+            self.compressed = CompressedFields(
+                self.capacity, specs, codecs, self.cache_bytes, stores
+            )
         self._adopt(fields)
         self.allocated = True  # (compressed fields only: no tensors)
 

@@ -94,7 +94,8 @@ class Checkpointing:
 
         Flushes the mapped fields to their files and writes everything else (the episode
         table, counters, the random stream, priorities) beside them, atomically: O(table)
-        time, no data copied. `open` returns the buffer as of the last ``sync``.
+        time, no data copied (a compressed field writes its one block being written, as a
+        compressed frame). `open` returns the buffer as of the last ``sync``.
 
         Raises
         ------
@@ -107,6 +108,8 @@ class Checkpointing:
                 raise must("storage", "'memmap' to sync (else call save)", "memory")
             state = checkpoint.pack(self._snapshot(), copy=False)
             state["data"] = {}  # the files hold them
+            if self._core.store.ring.compressed is not None:
+                self._core.store.ring.compressed.persist()  # its raw head block too
             mapped_files.sync_state(allocator, state, self._core.store.table.oldest_offset)
 
     @classmethod
@@ -144,8 +147,17 @@ class Checkpointing:
                 allocator=allocator,
                 in_place=True,
             )
-            if snapshot.table.num_transitions and not mapped:
+            table = snapshot.table
+            if table.num_transitions and not mapped:
                 raise CheckpointError("checkpoint field files must hold its steps, got none")
+            compressed = snapshot.ring.compressed
+            span = table.next_offset - table.oldest_offset
+            unwritten = [] if compressed is None else compressed.missing(table.oldest_offset, span)
+            if table.num_transitions and unwritten:
+                raise CheckpointError(
+                    f"compressed field files must hold every stored block, got blocks never "
+                    f"written for {unwritten}"
+                )
             core.restore(snapshot, buffer._config())
             store, table = core.store, core.store.table
             allocator.guard_from = table.oldest_offset + allocator.capacity

@@ -64,7 +64,7 @@ def checked(arguments: dict[str, Any], alpha: float, unit: str) -> dict[str, Any
             raise wrong_type("directory", "a path (str or os.PathLike)", directory)
         directory = os.path.abspath(os.fspath(directory))
     codecs = {} if declared is None else dict(declared.codecs)
-    cache = checked_cache(arguments["cache_bytes"], codecs, torch.device("cpu"), storage)
+    cache = checked_cache(arguments["cache_bytes"], codecs, torch.device("cpu"))
     transport, torn = checked_transport(arguments["transport"], arguments["torn"], codecs)
     return {
         "transport": transport,
