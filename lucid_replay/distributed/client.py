@@ -424,10 +424,16 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ClientTransport
         device: torch.device | str | None = None,
         timeout: float | None = None,
     ) -> Iterator[WindowBatch]:
-        """Endless prioritized `sample_windows` batches, ``prefetch`` draws in flight.
+        """Endless prioritized `sample_windows` batches, the next one drawn ahead.
 
-        The shards draw the next batches while the learner computes on this one; see
-        `lucid_replay.distributed.stream` for the order of reads and draws.
+        The shards draw the next batch while the learner computes on this one, in one
+        round trip each: every draw call also reports the shard's masses after it, from
+        which the next draw is labelled (`lucid_replay.distributed.stream` gives the order
+        of reads and draws, and when the masses are read afresh). One draw is in flight
+        whatever ``prefetch`` (checked, ``>= 1``), since a second one could not be labelled
+        before the first reports; the batches equal successive `sample_windows` calls
+        without other callers. Priority updates queued with ``defer=True`` ride the next
+        draw call.
         """
         spec = draw.window_spec(batch_size, window, None, self._law, self.alpha)
         check_prefetch(prefetch)

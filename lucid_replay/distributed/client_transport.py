@@ -36,6 +36,10 @@ class ClientTransport:
         self._resolved = None
         self._mapped = {}
         self._deferred = [[] for _ in self._shards]
+        # Counts this client's calls that may change the shards' masses (adds, undeferred
+        # updates, draws other than a stream's): a stream reuses the masses its last draw
+        # reported only while this is unchanged (`coordination.begin`).
+        self._changes = 0
         self._transport_stats = TransportStats()
 
     @property

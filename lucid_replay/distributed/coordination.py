@@ -27,27 +27,54 @@ __all__: list[str] = []  # internal module
 
 
 def begin(
-    replay: Any, spec: draw.Spec, timeout: float | None, optional: bool = False
+    replay: Any,
+    spec: draw.Spec,
+    timeout: float | None,
+    optional: bool = False,
+    *,
+    stream: bool = False,
+    infos: list[dict[str, Any]] | None = None,
 ) -> draw.Pending | None:
-    """Start a draw; ``optional``: ``None`` instead of waiting or raising (a prefetch)."""
+    """Start a draw; ``optional``: ``None`` instead of waiting or raising (a prefetch).
+
+    ``stream`` (`BatchStream`'s draws): the shards report their masses after the draw
+    (`draw.Pending.infos`), and ``infos``, such reports of the stream's previous draw, are
+    what this one starts from instead of asking the shards first (one round trip fewer);
+    the queued priority updates then ride the draw calls, applied after the draw.
+    """
     replay._check_open()
     if not acquire(replay, spec.batch_size, inserting=False, timeout=timeout, quiet=optional):
         return None
     started = time.perf_counter()
     try:
         with replay._lock:
+            if not stream:
+                replay._changes += 1  # the masses a stream read may have changed
             shards, window = replay._shards, spec.window
             laws, _ = draw.plan(spec.law, len(shards))
-            riding = deferred.take(replay)  # priority updates ride this request
-            infos = calls.get(
-                [s.info.remote(window, laws, riding[k]) for k, s in enumerate(shards)]
-            )
-            deferred.settle(replay, infos)
+            queued = deferred.take(replay)  # priority updates ride this request
+            riding: list[Any] | None = queued  # on the draw calls (a stream's, with reports)
+            if infos is None:  # on the mass reads, applied before them
+                infos = calls.get(
+                    [s.info.remote(window, laws, queued[k]) for k, s in enumerate(shards)]
+                )
+                deferred.settle(replay, infos)
+                riding = None
             limit = replay.max_times_sampled
-            draw.check(infos, spec, limit)
+            try:
+                draw.check(infos, spec, limit)
+            except BaseException:
+                _requeue(replay, riding)
+                raise
             masses = np.array([info["log_masses"] for info in infos], dtype=np.float64).T
             located = not spec.chunks and replay._shared()
-            pending = draw.start(shards, replay._rng, spec, masses, limit, located)
+            pending = draw.start(
+                shards, replay._rng, spec, masses, limit, located, report=stream, riding=riding
+            )
+            _requeue(replay, [pending.unsent.get(k) for k in range(len(shards))])
+            # Replaced by the reports after the draw; their updates were settled already.
+            pending.infos = {k: {**info, "updated": []} for k, info in enumerate(infos)}
+            pending.changes = replay._changes
             pending.exponent = replay.alpha * replay.beta  # weights as of the start
             pending.beta = replay.beta
             pending.seconds = time.perf_counter() - started
@@ -59,16 +86,40 @@ def begin(
         raise
 
 
-def complete(replay: Any, pending: draw.Pending, target: torch.device) -> Batch | WindowBatch:
-    """The merged batch of a started draw, on ``target``.
+def _requeue(replay: Any, riding: list[Any] | None) -> None:
+    """Put back, ahead of what was queued since, the updates no draw call carried."""
+    if riding is None:
+        return
+    for k, queued in enumerate(riding):
+        if queued:
+            replay._deferred[k] = [*queued, *replay._deferred[k]]
+
+
+def finished(replay: Any, pending: draw.Pending, then: Any = None) -> None:
+    """Collect a started draw's replies; a stream's updates settled, ``then(pending)`` called.
+
+    ``then`` runs before the batch is put together: a stream starts its next draw there.
+    """
+    with replay._lock:
+        draw.finish(replay._shards, replay._rng, pending, calls.get)
+        if pending.report:
+            deferred.settle(replay, list(pending.infos.values()))
+    if then is not None:
+        then(pending)
+
+
+def complete(
+    replay: Any, pending: draw.Pending, target: torch.device, then: Any = None
+) -> Batch | WindowBatch:
+    """The merged batch of a started draw, on ``target`` (`finished` first, with ``then``).
 
     A located draw (``transport="shared"``) is gathered by `gathering.complete`.
     """
-    if pending.located:
-        return gathering.complete(replay, pending, target, begin)
     started = time.perf_counter()
-    with replay._lock:
-        draw.finish(replay._shards, replay._rng, pending, calls.get)
+    finished(replay, pending, then)
+    if pending.located:
+        pending.seconds += time.perf_counter() - started
+        return gathering.complete(replay, pending, target, begin)
     drawn = time.perf_counter()
     spec = pending.spec
     tensors = transport.merge(pending.pieces, pending.destinations, spec.batch_size, target)
@@ -101,6 +152,8 @@ def acquire(
     Admitted inserts (transitions) stay pending until `settle` says what was stored.
     Raises `RateLimiterTimeout` after ``timeout`` seconds (``quiet``: returns False).
     """
+    if inserting:
+        replay._changes += 1  # stored episodes change the masses a stream read
     if replay._config["rate_limiter"] is None:
         return True
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -65,6 +65,7 @@ def flush(replay: Any) -> None:
     """Send every queued update now, each shard's in order."""
     with replay._lock:
         queued = take(replay)
+        replay._changes += any(queued)
         futures = [
             replay._shards[k].update.remote(ids, errors)
             for k, queue in enumerate(queued)

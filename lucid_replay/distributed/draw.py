@@ -88,6 +88,15 @@ class Pending:
     reuse_limit: int | None = None
     located: bool = False  # shards reply with where the records are (transport="shared")
     seconds: float = 0.0  # spent starting it (reading masses, sending the counts)
+    # A stream's draw: every call also reports the shard's masses after it (`report`), the
+    # last call to each shard of the first round carries its queued updates (`riding`,
+    # applied after that draw); `infos[k]`: shard k's report after this draw's last call
+    # to it (or the one the draw started from); `unsent[k]`: updates no call carried.
+    report: bool = False
+    riding: list[Any] | None = None
+    infos: dict[int, dict[str, Any]] = attrs.Factory(dict)
+    unsent: dict[int, Any] = attrs.Factory(dict)
+    changes: int = 0  # the client's `_changes` when it started: its reports are current while equal
 
 
 def chunk_spec(batch_size: int, length: int, law: Law | Mixture, weights: bool) -> Spec:
@@ -155,6 +164,9 @@ def start(
     log_masses: np.ndarray,
     reuse_limit: int | None = None,
     located: bool = False,
+    *,
+    report: bool = False,
+    riding: list[Any] | None = None,
 ) -> Pending:
     """Label the ``batch_size`` positions and ask every labelled shard for its draws.
 
@@ -166,6 +178,7 @@ def start(
     pending = Pending(spec, laws, shares, np.array(log_masses, dtype=np.float64))
     pending.reuse_limit = reuse_limit
     pending.located = located
+    pending.report, pending.riding = report, riding
     count = spec.batch_size
     if len(laws) == 1:
         components = np.zeros(count, dtype=np.int64)
@@ -201,6 +214,14 @@ def _round(
     pending.labels, pending.components = labelled, components
     pending.totals = np.array([log_total(row) for row in masses])
     counts = np.bincount(labelled, minlength=len(pending.laws) * num_shards)
+    last = {g % num_shards: g for g, n in enumerate(counts.tolist()) if n}  # calls go in g order
+    riding, pending.riding = pending.riding, None  # the first round's calls carry them
+    if riding is not None:
+        pending.unsent = {k: queued for k, queued in enumerate(riding) if queued and k not in last}
+    extra: dict[int, dict[str, Any]] = {}
+    if pending.report:
+        for k, g in last.items():
+            extra[g] = {"report": True, "updates": None if riding is None else riding[k]}
     pending.futures = {
         g: shards[g % num_shards].draw.remote(
             int(n),
@@ -209,6 +230,7 @@ def _round(
             spec.chunks,
             pending.laws,
             pending.located,
+            **extra.get(g, {}),
         )
         for g, n in enumerate(counts.tolist())
         if n
@@ -233,6 +255,8 @@ def finish(
         kept_mask = np.zeros(pending.labels.size, dtype=bool)
         for g, reply in zip(order, replies, strict=True):
             pending.log_masses[:, g % num_shards] = reply["log_masses"]
+            if "info" in reply:
+                pending.infos[g % num_shards] = reply["info"]
             kept = np.flatnonzero(pending.labels == g)[reply["kept"]]
             kept_mask[kept] = True
             if kept.size:

@@ -33,6 +33,7 @@ import torch
 
 import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.draw as draw
+import lucid_replay.distributed.sharing as sharing
 import lucid_replay.distributed.transport as transport
 from lucid_replay import engine
 from lucid_replay.batch import PER_RECORD, WindowBatch
@@ -159,11 +160,12 @@ def batch_bytes(tensors: dict[str, torch.Tensor]) -> int:
 def complete(
     replay: Any, pending: draw.Pending, target: torch.device, begin: Callable[..., Any]
 ) -> WindowBatch:
-    """The batch of a located draw, gathered here (``begin`` starts a redraw)."""
-    started = time.perf_counter()
-    with replay._lock:
-        draw.finish(replay._shards, replay._rng, pending, calls.get)
-    drawn = time.perf_counter()
+    """The batch of a located draw whose replies are in, gathered here.
+
+    ``begin`` starts a redraw (`lucid_replay.distributed.coordination.begin`).
+    """
+    started = drawn = time.perf_counter()
+    _expand(pending)
     spec = pending.spec
     size, width = spec.batch_size, spec.window.size
     tensors = _allocate(pending.pieces[0], size, width, target.type == "cuda")
@@ -176,6 +178,7 @@ def complete(
         again = begin(replay, attrs.evolve(spec, batch_size=int(torn.size)), None)
         with replay._lock:
             draw.finish(replay._shards, replay._rng, again, calls.get)
+        _expand(again)
         replay._transport_stats.windows_redrawn += int(torn.size)
         pending.destinations += [torn[rows] for rows in again.destinations]
         pending.priorities += again.priorities
@@ -204,6 +207,12 @@ def complete(
     replay._transport_stats.note(copied[0], total, seconds, gathered, count)
     assert isinstance(batch, WindowBatch)
     return batch
+
+
+def _expand(pending: draw.Pending) -> None:
+    """Each piece's per-record ids and steps, sent as exceptions (`sharing.compact`)."""
+    for piece in cast(list[Any], pending.pieces):
+        sharing.uncompact(piece["meta"], pending.spec.window)
 
 
 def _allocate(piece: dict[str, Any], size: int, width: int, pin: bool) -> dict[str, torch.Tensor]:

@@ -49,6 +49,7 @@ def update(replay: Any, indices: Any, errors: Any) -> int:
     with replay._lock:  # one update at a time: marks, counters and the maximum
         id_values, values, shard_of = checked_update(replay, indices, errors)
         deferred.flush(replay)
+        replay._changes += 1
         shards = replay._shards
         futures = [
             shards[k].update.remote(id_values[shard_of == k], values[shard_of == k])

@@ -265,6 +265,8 @@ class ReplayShard(ShardStreams):
         chunks: bool,
         laws: tuple[Any, ...],
         located: bool = False,
+        report: bool = False,
+        updates: Any = None,
     ) -> dict[str, Any]:
         """``count`` draws by ``law``; the kept ones packed, their priorities, the kept mask.
 
@@ -275,7 +277,23 @@ class ReplayShard(ShardStreams):
         evicted or retired since the coordinator read its mass) keeps none, leaving its
         random stream untouched. ``located`` (windows, ``transport="shared"``): ``batch``
         holds where the records are, for the client to gather (`sharing.located`).
+        ``report`` (a stream's draw): ``updates`` are applied after the draw, and ``info``
+        is what `info` says then, the masses the stream's next draw starts from.
         """
+        reply = self._draw(count, window, law, chunks, laws, located)
+        if report:
+            reply["info"] = self.info(window, laws, updates)
+        return reply
+
+    def _draw(
+        self,
+        count: int,
+        window: Window,
+        law: Any,
+        chunks: bool,
+        laws: tuple[Any, ...],
+        located: bool,
+    ) -> dict[str, Any]:
         evicted = self._counters()[2]
         if self.hooks.log_mass(window, law) == -math.inf:
             return {
@@ -307,6 +325,8 @@ class ReplayShard(ShardStreams):
                 packed[key] = self._global(packed[key])
         if transport.SEGMENT_KEY in packed:
             packed[transport.SEGMENT_KEY] = self._global_segments(packed[transport.SEGMENT_KEY])
+        if locate is not None:
+            sharing.compact(packed, window)  # a small reply travels inline
         if self._counters()[2] != evicted:  # retired episodes reclaimed
             self._report()
         return {

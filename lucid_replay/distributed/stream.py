@@ -1,12 +1,21 @@
-"""`BatchStream`: what `ShardedReplay.iterate` returns, ``prefetch`` draws kept in flight.
+"""`BatchStream`: what `ShardedReplay.iterate` returns, draws kept in flight.
 
-Each request is the two steps of a draw: (1) read the shards' masses and label the batch,
-sending each shard its count, (2) collect and merge the replies. The stream starts requests
-ahead, so the shards draw (and Ray moves their pieces) while the learner computes on the
-batch it has. A shard runs one caller's calls in the order they were sent, so the masses of
-a request are read after the previous request's draws on that shard: without other callers
-and without a reuse limit, the batches equal successive `sample_windows` calls. Requests
-ahead of the oldest are started only when the rate limiter allows them at once.
+Each draw reads the shards' masses, labels the batch (each shard its count), then collects
+the replies. A stream chains its draws: every draw call also has its shard report its
+masses as they stand *after* that draw (and after the priority updates that rode it), and
+as soon as the replies of one draw are in (before its batch is put together), the next
+draw is labelled from those reports and sent. So a batch costs one round trip to each
+shard, not two, and the shards draw the next batch while this client gathers and the
+learner computes. A shard runs one caller's calls in the order they were sent, so the
+reported masses are exactly the ones the next draw meets, unless something else reached
+the shards in between: this client's own adds, undeferred priority updates and other
+draws are counted (``ShardedReplay._changes``), and after any of them the next draw reads
+the masses afresh (as does the first). Without other callers, the batches equal
+successive `sample_windows` calls, but for the priority updates: queued ones
+(``update_priorities(..., defer=True)``) ride the next draw call and apply after it, one
+batch later than a call of their own would. One draw is in flight while the learner holds
+a batch, whatever ``prefetch`` (a second one could not be labelled before the first
+reports).
 """
 
 from __future__ import annotations
@@ -53,18 +62,27 @@ class BatchStream:
         replay = self._replay
         try:
             if not self._pending:
-                self._pending.append(coordination.begin(replay, self._spec, self._timeout))
-            while len(self._pending) < self._prefetch:
-                ahead = coordination.begin(replay, self._spec, 0.0, optional=True)
-                if ahead is None:
-                    break
-                self._pending.append(ahead)
-            batch = coordination.complete(replay, self._pending.popleft(), self._device)
+                self._pending.append(self._begin(self._timeout, None, optional=False))
+            oldest = self._pending.popleft()
+            batch = coordination.complete(replay, oldest, self._device, self._chain)
         except BaseException:
             self.close()
             raise
         assert isinstance(batch, WindowBatch)  # a stream draws windows
         return batch
+
+    def _begin(self, timeout: float | None, reports: Any, *, optional: bool) -> Any:
+        return coordination.begin(
+            self._replay, self._spec, timeout, optional, stream=True, infos=reports
+        )
+
+    def _chain(self, done: Any) -> None:
+        """A draw's replies are in: start the next draw, from its reports while current."""
+        current = done.changes == self._replay._changes  # no calls since that may change masses
+        reports = [done.infos[k] for k in range(len(done.infos))] if current else None
+        ahead = self._begin(0.0, reports, optional=True)
+        if ahead is not None:
+            self._pending.append(ahead)
 
     def close(self) -> None:
         """Stop: forget the requests in flight (their draws were made and counted)."""
