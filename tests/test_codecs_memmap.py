@@ -316,9 +316,10 @@ def _entry(value: list[int], block: int = 1):
 
 
 def _flip_a_frame_byte(directory: Path) -> None:
-    index = np.fromfile(_index(directory), dtype=np.int64).reshape(-1, 5)
-    use, length = int(index[1, 0]), int(index[1, 2 * index[1, 0] - 1])
+    """Flip a byte inside block 1's frame in use, of one field (its index and blocks)."""
     blocks = next(p for p in directory.iterdir() if p.suffix == ".blocks")
+    index = np.fromfile(blocks.with_suffix(".index"), dtype=np.int64).reshape(-1, 5)
+    use, length = int(index[1, 0]), int(index[1, 2 * index[1, 0] - 1])
     slot = blocks.stat().st_size // (2 * index.shape[0])
     with open(blocks, "r+b") as file:
         file.seek((2 + use - 1) * slot + length // 2)
