@@ -99,3 +99,26 @@ def test_deferred_updates_ride_the_draw_calls_and_apply_after_the_draw() -> None
     stream.close()
     largest = max(shard["max_priority"] for shard in replay.stats()["shards"])
     assert largest == pytest.approx(7.0 + replay.epsilon)
+
+
+@pytest.mark.parametrize("refusal", ["empty", "spent component"])
+def test_a_refused_stream_draw_keeps_the_queued_updates(refusal) -> None:
+    """A draw refused before any call is sent (by the check, or while labelling a mixture
+    component with no mass left) leaves the deferred updates queued, in order."""
+    from lucid_replay import Mixture, Prioritized, Uniform
+    from lucid_replay.distributed import coordination, draw
+
+    replay = _replay("shared", selector=Mixture({Prioritized(): 0.5, Uniform(): 0.5}))
+    batch = replay.sample_windows(16, WINDOW)
+    replay.update_priorities(batch.episode_ids, np.full(16, 2.0), defer=True)
+    queued = [[ids.tolist() for ids, _ in queue] for queue in replay._deferred]
+    assert any(queued)
+    spec = draw.window_spec(16, WINDOW, None, replay._law, replay.alpha)
+    empty = refusal == "empty"
+    report = {"log_masses": [float("-inf") if empty else 0.0, float("-inf")],
+              "log_mass": float("-inf") if empty else 0.0, "draws_left": None,
+              "episodes": 0 if empty else 6, "longest": 9, "eligible": not empty,
+              "updated": []}  # fmt: skip
+    with pytest.raises(ValueError, match="non-empty to sample" if empty else "draws left"):
+        coordination.begin(replay, spec, None, stream=True, infos=[report] * 3)
+    assert [[ids.tolist() for ids, _ in queue] for queue in replay._deferred] == queued

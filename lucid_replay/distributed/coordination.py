@@ -61,16 +61,16 @@ def begin(
                 deferred.settle(replay, infos)
                 riding = None
             limit = replay.max_times_sampled
-            try:
+            masses = np.array([info["log_masses"] for info in infos], dtype=np.float64).T
+            located = not spec.chunks and replay._shared()
+            try:  # a refusal sends nothing: the updates wait for the next request
                 draw.check(infos, spec, limit)
+                pending = draw.start(
+                    shards, replay._rng, spec, masses, limit, located, report=stream, riding=riding
+                )
             except BaseException:
                 _requeue(replay, riding)
                 raise
-            masses = np.array([info["log_masses"] for info in infos], dtype=np.float64).T
-            located = not spec.chunks and replay._shared()
-            pending = draw.start(
-                shards, replay._rng, spec, masses, limit, located, report=stream, riding=riding
-            )
             _requeue(replay, [pending.unsent.get(k) for k in range(len(shards))])
             # Replaced by the reports after the draw; their updates were settled already.
             pending.infos = {k: {**info, "updated": []} for k, info in enumerate(infos)}
