@@ -30,7 +30,7 @@ __all__: list[str] = []  # internal module
 
 
 class BatchStream:
-    """An endless iterator of `WindowBatch` es with up to ``prefetch`` draws in flight.
+    """An endless iterator of `WindowBatch` es, the next draw in flight (see the module).
 
     ``close()`` (also on leaving a ``with`` block or a ``for`` loop) drops the requests in
     flight; their draws still count (reuse limit, rate limiter, ``chunks_sampled``), as a
