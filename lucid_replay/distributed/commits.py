@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 import lucid_replay.distributed.calls as calls
+from lucid_replay import engine
 from lucid_replay.table import COMMIT_COLUMN, EpisodeTable
 
 __all__: list[str] = []  # internal module
@@ -105,22 +106,16 @@ def set_commits(
     """Set the commit counters of a shard's ``table``'s stored rows keyed ``first_key`` on.
 
     ``commits`` maps their counts ``start + length`` at their commits (the shard's own,
-    int64, in key order) to their counters. A shard's table is on CPU (its columns numpy
-    arrays, or tensors on the torch engine), read and written as one slice unless the
-    keys wrap around the rows.
+    int64, in key order) to their counters. A shard's table is on CPU: its columns are read
+    and written as tensors sharing their memory (whatever the engine), as one slice unless
+    the keys wrap around the rows.
     """
     assert table.commit is not None and table.device.type == "cpu"  # see `keep_commits`
     first, last, mask = max(first_key, table.first_id), table.next_id - 1, table.row_count - 1
     low, high = first & mask, (last & mask) + 1
-    rows = slice(low, high) if low < high else np.arange(first, last + 1) & mask
-    column = table.arrays
-    counts = column["start"][rows] + column["length"][rows]
-    if isinstance(counts, torch.Tensor):
-        counts = counts.numpy()
-    values = np.ascontiguousarray(commits(counts), dtype=np.int64)
-    target = column[COMMIT_COLUMN]
-    if isinstance(target, torch.Tensor):  # the torch engine keeps CPU columns as tensors
-        where = rows if isinstance(rows, slice) else torch.from_numpy(rows)
-        target[where] = torch.from_numpy(values)
-    else:
-        target[rows] = values
+    rows = slice(low, high) if low < high else torch.from_numpy(np.arange(first, last + 1) & mask)
+    column = {
+        name: engine.tensor(table.arrays[name]) for name in ("start", "length", COMMIT_COLUMN)
+    }
+    counts = (column["start"][rows] + column["length"][rows]).numpy()
+    column[COMMIT_COLUMN][rows] = torch.from_numpy(np.asarray(commits(counts), dtype=np.int64))
