@@ -280,28 +280,22 @@ class ReplayShard(ShardStreams):
         ``report`` (a stream's draw): ``updates`` are applied after the draw, and ``info``
         is what `info` says then, the masses the stream's next draw starts from.
         """
-        reply = self._draw(count, window, law, chunks, laws, located)
+        evicted = self._counters()[2]
+        if self.hooks.log_mass(window, law) == -math.inf:
+            reply: dict[str, Any] = {"batch": None, "priorities": None}
+            reply["kept"] = np.zeros(count, dtype=bool)
+        else:
+            reply = self._drawn(count, window, law, chunks, laws, located)
+        reply["log_masses"] = [self.hooks.log_mass(window, part) for part in laws]
+        if self._counters()[2] != evicted:  # retired episodes reclaimed
+            self._report()
         if report:
             reply["info"] = self.info(window, laws, updates)
         return reply
 
-    def _draw(
-        self,
-        count: int,
-        window: Window,
-        law: Any,
-        chunks: bool,
-        laws: tuple[Any, ...],
-        located: bool,
-    ) -> dict[str, Any]:
-        evicted = self._counters()[2]
-        if self.hooks.log_mass(window, law) == -math.inf:
-            return {
-                "batch": None,
-                "priorities": None,
-                "kept": np.zeros(count, dtype=bool),
-                "log_masses": [self.hooks.log_mass(window, part) for part in laws],
-            }
+    def _drawn(self, count: int, window: Window, law: Any, *kinds: Any) -> dict[str, Any]:
+        """`draw` from a shard with mass: the batch (``kinds``: chunks, laws, located)."""
+        chunks, laws, located = kinds
         locate: Callable[[Any], Any] | None = None
         if located and self.shared is not None:
             store = self.buffer._core.store
@@ -327,15 +321,12 @@ class ReplayShard(ShardStreams):
             packed[transport.SEGMENT_KEY] = self._global_segments(packed[transport.SEGMENT_KEY])
         if locate is not None:
             sharing.compact(packed, window)  # a small reply travels inline
-        if self._counters()[2] != evicted:  # retired episodes reclaimed
-            self._report()
         return {
             "batch": batch if locate is not None else packed,
             "priorities": None if priorities is None else priorities.numpy(),
             "kept": kept.numpy(),
             "chances": chances,
             "log_totals": log_totals,
-            "log_masses": [self.hooks.log_mass(window, part) for part in laws],
         }
 
     # ---------------------------------------------------------------------- priorities
