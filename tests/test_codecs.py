@@ -13,12 +13,11 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import comparable
+from codec_twins import WINDOWS, codec_schema, data, episodes, same, twins
 
 from lucid_replay import (
     Episode,
     Field,
-    PrioritizedSequenceReplay,
     SequenceReplay,
     Window,
     blocks,
@@ -28,68 +27,23 @@ from lucid_replay import (
 pytest.importorskip("zstandard")
 pytest.importorskip("lz4")
 
-WINDOWS = [
-    Window(5, burn_in=3, bootstrap=2),
-    Window(4, dilation=2, boundary="stop", allow_partial=True),
-    Window(3, burn_in=2, boundary="include_reset", allow_partial=True),
-]
-
-
-def _schema(codec: str | None, stack: int = 3) -> dict[str, object]:
-    return {
-        "obs": Field((6, 5), torch.uint8, stack=stack, stack_pad="zeros", codec=codec),
-        "reward": Field((), torch.float32, codec=codec),
-        "action": ((), torch.int64),
-    }
-
-
-def _twins(codec: str, kind=PrioritizedSequenceReplay, cache_bytes: int = 1000, **kwargs):
-    plain = kind(200, seed=1, schema=_schema(None), **kwargs)
-    packed = kind(200, seed=1, schema=_schema(codec), cache_bytes=cache_bytes, **kwargs)
-    return plain, packed
-
-
-def _episodes(seed: int, lengths) -> list[Episode]:
-    generator = torch.Generator().manual_seed(seed)
-    episodes = []
-    for n in lengths:
-        frames = torch.randint(0, 4, (n, 6, 5), dtype=torch.uint8, generator=generator)
-        episodes.append(
-            Episode(
-                {
-                    "obs": frames,
-                    "reward": torch.randn(n, generator=generator),
-                    "action": torch.arange(n),
-                }
-            )
-        )
-    return episodes
-
-
-def _same(first: object, second: object) -> None:
-    assert comparable(first) == comparable(second)
-
-
-def _data(batch) -> dict[str, torch.Tensor]:
-    return dict(batch.data)
-
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
 @pytest.mark.parametrize("cache_bytes", [0, 1000, 1 << 20])
 def test_whole_episodes_draw_the_same_batches(index_engine, codec, cache_bytes) -> None:
-    plain, packed = _twins(codec, cache_bytes=cache_bytes)
-    for episode in _episodes(0, [17, 40, 33, 80, 9, 60, 71]):  # wraps, evicts
+    plain, packed = twins(codec, cache_bytes=cache_bytes)
+    for episode in episodes(0, [17, 40, 33, 80, 9, 60, 71]):  # wraps, evicts
         assert plain.add(episode) == packed.add(episode)
     for _ in range(3):
         for window in WINDOWS:
-            _same(_data(plain.sample_windows(16, window)), _data(packed.sample_windows(16, window)))
-        _same(_data(plain.sample(8, 5)), _data(packed.sample(8, 5)))
-        _same(_data(plain.sample_prioritized(8, 4)), _data(packed.sample_prioritized(8, 4)))
-        for episode in _episodes(1, [13]):
+            same(data(plain.sample_windows(16, window)), data(packed.sample_windows(16, window)))
+        same(data(plain.sample(8, 5)), data(packed.sample(8, 5)))
+        same(data(plain.sample_prioritized(8, 4)), data(packed.sample_prioritized(8, 4)))
+        for episode in episodes(1, [13]):
             plain.add(episode)
             packed.add(episode)
     for episode_id in plain.episode_ids:
-        _same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
+        same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
     assert packed.memory_report()["total"]["cache_bytes"] <= cache_bytes
 
 
@@ -106,18 +60,18 @@ def test_gathers_split_over_threads_draw_the_same_batches(monkeypatch, codec, th
     monkeypatch.setattr(
         host_threads, "run_split", lambda work, parts: split.append(len(parts)) or real(work, parts)
     )
-    plain, packed = _twins(codec, cache_bytes=1000)
-    for episode in _episodes(2, [17, 40, 33, 80, 9, 60, 71]):
+    plain, packed = twins(codec, cache_bytes=1000)
+    for episode in episodes(2, [17, 40, 33, 80, 9, 60, 71]):
         plain.add(episode)
         packed.add(episode)
     for window in WINDOWS:
-        _same(_data(plain.sample_windows(16, window)), _data(packed.sample_windows(16, window)))
+        same(data(plain.sample_windows(16, window)), data(packed.sample_windows(16, window)))
     raw, compressed = (
         plain.iterate(8, WINDOWS[0], prefetch=2),
         packed.iterate(8, WINDOWS[0], prefetch=2),
     )
     for _ in range(3):
-        _same(_data(next(raw)), _data(next(compressed)))
+        same(data(next(raw)), data(next(compressed)))
     raw.close()
     compressed.close()
     assert max(split) == threads  # the split path ran
@@ -160,64 +114,69 @@ def _split_in_child() -> None:
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
 def test_segmented_streams_draw_the_same_batches(index_engine, codec) -> None:
-    plain, packed = _twins(codec, segment_length=7)
+    plain, packed = twins(codec, segment_length=7)
     rng = np.random.default_rng(4)
     streams = [(plain.open_episode(), packed.open_episode()) for _ in range(3)]
     for step in range(60):
         which = int(rng.integers(3))
-        piece = _episodes(step, [int(rng.integers(1, 9))])[0].steps
+        piece = episodes(step, [int(rng.integers(1, 9))])[0].steps
         for stream in streams[which]:
             stream.append(dict(piece))
         if step % 10 == 9:
             for window in WINDOWS[:2]:
-                _same(
-                    _data(plain.sample_windows(12, window)),
-                    _data(packed.sample_windows(12, window)),
+                same(
+                    data(plain.sample_windows(12, window)),
+                    data(packed.sample_windows(12, window)),
                 )
     assert plain.open_episode_ids == packed.open_episode_ids
     for episode_id in plain.episode_ids:
-        _same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
+        same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
 
 
-def test_out_iterate_gather_windows_and_write_back(index_engine) -> None:
-    plain, packed = _twins("zstd")
-    for episode in _episodes(2, [30, 50, 70, 40]):
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+def test_out_iterate_gather_windows_and_write_back(tmp_path, index_engine, storage) -> None:
+    where = {"storage": "memmap", "directory": tmp_path / "d"} if storage == "memmap" else {}
+    plain, packed = twins("zstd", **where)
+    for episode in episodes(2, [30, 50, 70, 40]):
         plain.add(episode)
         packed.add(episode)
     window = WINDOWS[0]
     first, second = plain.sample_windows(8, window), packed.sample_windows(8, window)
-    _same(
-        _data(plain.sample_windows(8, window, out=first)),
-        _data(packed.sample_windows(8, window, out=second)),
+    same(
+        data(plain.sample_windows(8, window, out=first)),
+        data(packed.sample_windows(8, window, out=second)),
     )
     ids = torch.tensor(list(plain.episode_ids)[:3])
     steps = torch.tensor([0, 5, 9])
-    _same(
-        _data(plain.gather_windows(ids, steps, window)),
-        _data(packed.gather_windows(ids, steps, window)),
+    same(
+        data(plain.gather_windows(ids, steps, window)),
+        data(packed.gather_windows(ids, steps, window)),
     )
     values = torch.randn(first.record_steps.shape)
     assert plain.write_back(first, "reward", values) == packed.write_back(second, "reward", values)
     for episode_id in plain.episode_ids:
-        _same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
-    with plain.iterate(4, window) as one, packed.iterate(4, window) as other:
+        same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
+    with (
+        plain.iterate(4, window, prefetch=2) as one,
+        packed.iterate(4, window, prefetch=2) as other,
+    ):
         for _ in range(3):
-            _same(_data(next(one)), _data(next(other)))
+            same(data(next(one)), data(next(other)))
 
 
 def test_checkpoints_round_trip(tmp_path) -> None:
-    plain, packed = _twins("lz4", kind=SequenceReplay)
-    for episode in _episodes(3, [30, 90, 60, 45]):
+    plain, packed = twins("lz4", kind=SequenceReplay)
+    for episode in episodes(3, [30, 90, 60, 45]):
         plain.add(episode)
         packed.add(episode)
     packed.save(tmp_path / "packed.ckpt")
     loaded = SequenceReplay.load(tmp_path / "packed.ckpt")
     assert loaded.schema == packed.schema
     for window in WINDOWS:
-        _same(_data(plain.sample_windows(10, window)), _data(loaded.sample_windows(10, window)))
-    twin = SequenceReplay(200, schema=_schema("lz4"), cache_bytes=0)
+        same(data(plain.sample_windows(10, window)), data(loaded.sample_windows(10, window)))
+    twin = SequenceReplay(200, schema=codec_schema("lz4"), cache_bytes=0)
     twin.load_state_dict(packed.state_dict())  # the state holds the decoded steps
-    _same(_data(twin.sample(4, 6)), _data(packed.sample(4, 6)))
+    same(data(twin.sample(4, 6)), data(packed.sample(4, 6)))
 
 
 def test_compressible_frames_shrink_and_the_cache_stays_bounded() -> None:
@@ -246,7 +205,7 @@ def test_field_refuses_bad_codecs(arguments, error, match) -> None:
 
 
 def test_buffers_refuse_what_compressed_fields_cannot_use() -> None:
-    schema = _schema("zstd")
+    schema = codec_schema("zstd")
     for bad in (-1, True, 1.5):
         with pytest.raises((ValueError, TypeError), match="cache_bytes"):
             SequenceReplay(10, schema=schema, cache_bytes=bad)

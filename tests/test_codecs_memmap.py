@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from codec_twins import WINDOWS, codec_schema, data, episodes, same, twins
 from conftest import assert_batches_equal, comparable
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,56 +34,12 @@ from lucid_replay.blocks import BLOCK_STEPS, BlockField
 pytest.importorskip("zstandard")
 pytest.importorskip("lz4")
 
-WINDOWS = [
-    Window(5, burn_in=3, bootstrap=2),
-    Window(4, dilation=2, boundary="stop", allow_partial=True),
-    Window(3, burn_in=2, boundary="include_reset", allow_partial=True),
-]
 LENGTHS = [17, 40, 33, 80, 9, 60, 71]  # 310 steps: a ring of 200 wraps and evicts
 
 
-def _schema(codec: str | None) -> dict[str, object]:
-    return {
-        "obs": Field((6, 5), torch.uint8, stack=3, stack_pad="zeros", codec=codec),
-        "reward": Field((), torch.float32, codec=codec),
-        "action": ((), torch.int64),
-    }
-
-
 def _twins(codec: str, directory: Path, kind=PrioritizedSequenceReplay, **kwargs):
-    plain = kind(200, seed=1, schema=_schema(None), **kwargs)
-    mapped = kind(
-        200,
-        seed=1,
-        schema=_schema(codec),
-        cache_bytes=1000,
-        storage="memmap",
-        directory=directory,
-        **kwargs,
-    )
-    return plain, mapped
-
-
-def _episodes(seed: int, lengths) -> list[Episode]:
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        Episode(
-            {
-                "obs": torch.randint(0, 4, (n, 6, 5), dtype=torch.uint8, generator=generator),
-                "reward": torch.randn(n, generator=generator),
-                "action": torch.arange(n),
-            }
-        )
-        for n in lengths
-    ]
-
-
-def _same(first: object, second: object) -> None:
-    assert comparable(first) == comparable(second)
-
-
-def _data(batch) -> dict[str, torch.Tensor]:
-    return dict(batch.data)
+    """Raw fields in memory, and the same fields compressed into files under ``directory``."""
+    return twins(codec, kind, storage="memmap", directory=directory, **kwargs)
 
 
 def _stored(buffer: SequenceReplay) -> dict[int, object]:
@@ -104,56 +61,27 @@ def _frames(buffer: SequenceReplay, name: str = "obs"):
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
 def test_twins_draw_the_same_batches(tmp_path, index_engine, codec) -> None:
     plain, mapped = _twins(codec, tmp_path / "d")
-    for episode in _episodes(0, LENGTHS):
+    for episode in episodes(0, LENGTHS):
         assert plain.add(episode) == mapped.add(episode)
     assert isinstance(_frames(mapped), MappedFrames)  # in files, not in memory
     names = sorted(p.suffix for p in (tmp_path / "d").iterdir() if p.name.startswith("field-"))
     assert names == [".bin", ".blocks", ".blocks", ".index", ".index"]
     for round_ in range(3):
         for window in WINDOWS:
-            _same(_data(plain.sample_windows(16, window)), _data(mapped.sample_windows(16, window)))
-        _same(_data(plain.sample(8, 5)), _data(mapped.sample(8, 5)))
-        _same(_data(plain.sample_prioritized(8, 4)), _data(mapped.sample_prioritized(8, 4)))
+            same(data(plain.sample_windows(16, window)), data(mapped.sample_windows(16, window)))
+        same(data(plain.sample(8, 5)), data(mapped.sample(8, 5)))
+        same(data(plain.sample_prioritized(8, 4)), data(mapped.sample_prioritized(8, 4)))
         drawn = plain.sample_windows(6, WINDOWS[0])
         assert torch.equal(drawn.episode_ids, mapped.sample_windows(6, WINDOWS[0]).episode_ids)
         errors = torch.rand(drawn.episode_ids.shape, generator=torch.Generator().manual_seed(9))
         plain.update_priorities(drawn.episode_ids, errors)
         mapped.update_priorities(drawn.episode_ids, errors)
-        for episode in _episodes(round_ + 1, [13]):
+        for episode in episodes(round_ + 1, [13]):
             plain.add(episode)
             mapped.add(episode)
     for episode_id in plain.episode_ids:
-        _same(dict(plain[episode_id].steps), dict(mapped[episode_id].steps))
+        same(dict(plain[episode_id].steps), dict(mapped[episode_id].steps))
     assert mapped.memory_report()["total"]["cache_bytes"] <= 1000
-
-
-def test_out_iterate_gather_windows_and_write_back(tmp_path, index_engine) -> None:
-    plain, mapped = _twins("zstd", tmp_path / "d")
-    for episode in _episodes(2, [30, 50, 70, 40]):
-        plain.add(episode)
-        mapped.add(episode)
-    window = WINDOWS[0]
-    first, second = plain.sample_windows(8, window), mapped.sample_windows(8, window)
-    _same(
-        _data(plain.sample_windows(8, window, out=first)),
-        _data(mapped.sample_windows(8, window, out=second)),
-    )
-    ids = torch.tensor(list(plain.episode_ids)[:3])
-    steps = torch.tensor([0, 5, 9])
-    _same(
-        _data(plain.gather_windows(ids, steps, window)),
-        _data(mapped.gather_windows(ids, steps, window)),
-    )
-    values = torch.randn(first.record_steps.shape)
-    assert plain.write_back(first, "reward", values) == mapped.write_back(second, "reward", values)
-    for episode_id in plain.episode_ids:
-        _same(dict(plain[episode_id].steps), dict(mapped[episode_id].steps))
-    with (
-        plain.iterate(4, window, prefetch=2) as one,
-        mapped.iterate(4, window, prefetch=2) as other,
-    ):
-        for _ in range(3):
-            _same(_data(next(one)), _data(next(other)))
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
@@ -163,14 +91,14 @@ def test_segmented_streams_draw_the_same_batches_and_reopen(tmp_path, codec) -> 
     streams = [(plain.open_episode(), mapped.open_episode()) for _ in range(3)]
     for step in range(60):
         which = int(rng.integers(3))
-        piece = _episodes(step, [int(rng.integers(1, 9))])[0].steps
+        piece = episodes(step, [int(rng.integers(1, 9))])[0].steps
         for stream in streams[which]:
             stream.append(dict(piece))
         if step % 10 == 9:
             for window in WINDOWS[:2]:
-                _same(
-                    _data(plain.sample_windows(12, window)),
-                    _data(mapped.sample_windows(12, window)),
+                same(
+                    data(plain.sample_windows(12, window)),
+                    data(mapped.sample_windows(12, window)),
                 )
     assert plain.open_episode_ids == mapped.open_episode_ids
     assert _stored(plain) == _stored(mapped)
@@ -182,32 +110,30 @@ def test_segmented_streams_draw_the_same_batches_and_reopen(tmp_path, codec) -> 
     episode = reopened.open_episode_ids[0]
     for twin in (reopened, reference):
         stream = twin.resume_episode(episode)
-        stream.append(dict(_episodes(99, [9])[0].steps))
+        stream.append(dict(episodes(99, [9])[0].steps))
         stream.close(terminated=False)
     assert _stored(reopened) == _stored(reference)
-    _same(
-        _data(reopened.sample_windows(8, Window(5))), _data(reference.sample_windows(8, Window(5)))
-    )
+    same(data(reopened.sample_windows(8, Window(5))), data(reference.sample_windows(8, Window(5))))
 
 
 @pytest.mark.parametrize("kind", [SequenceReplay, PrioritizedSequenceReplay])
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
 def test_open_returns_the_synced_buffer_draw_for_draw(tmp_path, kind, codec) -> None:
     _, buffer = _twins(codec, tmp_path / "d", kind=kind)
-    for episode in _episodes(3, LENGTHS):  # the ring has wrapped
+    for episode in episodes(3, LENGTHS):  # the ring has wrapped
         buffer.add(episode)
     buffer.sample_windows(3, WINDOWS[0])
     buffer.sync()
     reference = _reference(buffer, tmp_path / "at_sync")
     buffer.sample_windows(3, WINDOWS[0])  # later draws are gone too
-    for episode in _episodes(4, [5, 30]):  # the head block rewritten, then others
+    for episode in episodes(4, [5, 30]):  # the head block rewritten, then others
         buffer.add(episode)
     reopened = kind.open(tmp_path / "d")
     assert type(reopened) is kind and reopened.episode_ids == reference.episode_ids
     assert _stored(reopened) == _stored(reference)
     assert reopened.stats() == reference.stats()
     for window in WINDOWS:
-        _same(_data(reopened.sample_windows(9, window)), _data(reference.sample_windows(9, window)))
+        same(data(reopened.sample_windows(9, window)), data(reference.sample_windows(9, window)))
     for got, expected in zip(drive_pixels(reopened), drive_pixels(reference), strict=True):
         assert_batches_equal(got, expected)
 
@@ -217,24 +143,24 @@ def drive_pixels(buffer: SequenceReplay) -> list:
     batches = []
     for round_ in range(3):
         batches.append(buffer.sample(5, 2))
-        buffer.add(_episodes(50 + round_, [4 + round_])[0])
+        buffer.add(episodes(50 + round_, [4 + round_])[0])
         batches.append(buffer.sample(4, 1))
     return batches
 
 
 def test_overwritten_synced_episodes_are_evicted_on_open(tmp_path) -> None:
     _, buffer = _twins("zstd", tmp_path / "d", kind=SequenceReplay)
-    for episode in _episodes(5, [40, 80, 60]):  # offsets 0-39, 40-119, 120-179
+    for episode in episodes(5, [40, 80, 60]):  # offsets 0-39, 40-119, 120-179
         buffer.add(episode)
     buffer.sync()
     expected = _stored(buffer)
-    buffer.add(_episodes(6, [90])[0])  # offsets 180-269: slots of offsets 0-69 rewritten
+    buffer.add(episodes(6, [90])[0])  # offsets 180-269: slots of offsets 0-69 rewritten
     reopened = SequenceReplay.open(tmp_path / "d")
     assert list(reopened.episode_ids) == [2]  # 0 and 1 had steps overwritten
     assert _stored(reopened) == {2: expected[2]}
     stats = reopened.stats()
     assert stats["episodes_evicted"] == 2 and stats["transitions_evicted"] == 120
-    reopened.add(_episodes(7, [5])[0])  # opened again without a sync: the same record holds
+    reopened.add(episodes(7, [5])[0])  # opened again without a sync: the same record holds
     del reopened
     assert list(SequenceReplay.open(tmp_path / "d").episode_ids) == [2]
 
@@ -243,10 +169,10 @@ def test_write_back_after_a_sync_reaches_the_files_as_a_raw_field_does(tmp_path)
     """A raw memmap field is written back in its file; a compressed one in its blocks, the
     one being written (raw, in memory) included: both reopen with the values written back."""
     raw = SequenceReplay(
-        200, seed=1, schema=_schema(None), storage="memmap", directory=tmp_path / "r"
+        200, seed=1, schema=codec_schema(None), storage="memmap", directory=tmp_path / "r"
     )
     _, mapped = _twins("lz4", tmp_path / "z", kind=SequenceReplay)
-    for episode in _episodes(8, [30, 50, 41]):  # the last block is being written
+    for episode in episodes(8, [30, 50, 41]):  # the last block is being written
         raw.add(episode)
         mapped.add(episode)
     raw.sync()
@@ -268,7 +194,7 @@ def test_a_crash_while_a_block_is_rewritten_keeps_its_synced_steps(tmp_path, mon
     """The block holding the synced head is compressed again once the writes move past it:
     a write that dies half-way through its new frame leaves the synced frame in use."""
     _, buffer = _twins("zstd", tmp_path / "d", kind=SequenceReplay)
-    for episode in _episodes(9, [30, 45]):  # block 2 (slots 64-95) holds synced steps 64-74
+    for episode in episodes(9, [30, 45]):  # block 2 (slots 64-95) holds synced steps 64-74
         buffer.add(episode)
     buffer.sync()
     expected = _stored(buffer)
@@ -280,14 +206,14 @@ def test_a_crash_while_a_block_is_rewritten_keeps_its_synced_steps(tmp_path, mon
 
     monkeypatch.setattr(block_files.os, "pwrite", dies_half_way)
     with pytest.raises(OSError, match="killed"):
-        buffer.add(_episodes(10, [40])[0])  # moves the head past block 2
+        buffer.add(episodes(10, [40])[0])  # moves the head past block 2
     monkeypatch.setattr(block_files.os, "pwrite", real)
     assert _stored(SequenceReplay.open(tmp_path / "d")) == expected
 
 
 def _synced(directory: Path) -> SequenceReplay:
     _, buffer = _twins("zstd", directory, kind=SequenceReplay)
-    for episode in _episodes(11, [30, 50, 41]):
+    for episode in episodes(11, [30, 50, 41]):
         buffer.add(episode)
     buffer.sync()
     return buffer
@@ -420,22 +346,22 @@ def test_sharded_replays_keep_each_shards_blocks_in_its_directory(tmp_path) -> N
         2,
         400,
         backend="local",
-        schema=_schema("zstd"),
+        schema=codec_schema("zstd"),
         storage="memmap",
         directory=tmp_path / "m",
         **options,
     )
-    memory = ShardedReplay.create(2, 400, backend="local", schema=_schema(None), **options)
+    memory = ShardedReplay.create(2, 400, backend="local", schema=codec_schema(None), **options)
     try:
-        episodes = _episodes(12, [20, 33, 41, 17, 60])
-        assert mapped.extend(episodes) == memory.extend(episodes)
+        stored = episodes(12, [20, 33, 41, 17, 60])
+        assert mapped.extend(stored) == memory.extend(stored)
         for shard in ("shard_0", "shard_1"):
             suffixes = {p.suffix for p in (tmp_path / "m" / shard).iterdir()}
             assert {".blocks", ".index", ".bin"} <= suffixes
         for window in WINDOWS[:2]:
             a, b = mapped.sample_windows(16, window), memory.sample_windows(16, window)
             assert torch.equal(a.episode_ids, b.episode_ids)
-            _same({k: a[k] for k in ("obs", "reward")}, {k: b[k] for k in ("obs", "reward")})
+            same({k: a[k] for k in ("obs", "reward")}, {k: b[k] for k in ("obs", "reward")})
     finally:
         mapped.close()
         memory.close()
@@ -444,7 +370,7 @@ def test_sharded_replays_keep_each_shards_blocks_in_its_directory(tmp_path) -> N
 def test_tensordict_episodes_and_batches(tmp_path) -> None:
     tensordict = pytest.importorskip("tensordict")
     plain, mapped = _twins("lz4", tmp_path / "d", kind=SequenceReplay)
-    for episode in _episodes(13, [25, 40]):
+    for episode in episodes(13, [25, 40]):
         steps = tensordict.TensorDict(dict(episode.steps), batch_size=[episode["action"].shape[0]])
         plain.add(Episode.from_tensordict(steps, terminated=True))
         mapped.add(Episode.from_tensordict(steps, terminated=True))
@@ -465,7 +391,7 @@ def test_tensordict_episodes_and_batches(tmp_path) -> None:
 def test_refusals_name_the_argument_and_claim_nothing(tmp_path, kwargs, match) -> None:
     arguments = {"storage": "memmap", "directory": tmp_path / "d", **kwargs}
     with pytest.raises((ValueError, TypeError), match=match):
-        SequenceReplay(10, schema=_schema("zstd"), **arguments)
+        SequenceReplay(10, schema=codec_schema("zstd"), **arguments)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -479,16 +405,16 @@ def test_a_taken_directory_is_refused_and_left_as_it_was(tmp_path) -> None:
 
 def test_save_and_load_state_dict_compose_with_sync(tmp_path) -> None:
     plain, mapped = _twins("zstd", tmp_path / "d", kind=SequenceReplay)
-    for episode in _episodes(14, LENGTHS):
+    for episode in episodes(14, LENGTHS):
         plain.add(episode)
         mapped.add(episode)
     mapped.save(tmp_path / "file.ckpt")
     loaded = SequenceReplay.load(tmp_path / "file.ckpt")  # a self-contained in-memory copy
     assert _stored(loaded) == _stored(plain)
     other = SequenceReplay(
-        200, seed=1, schema=_schema("zstd"), storage="memmap", directory=tmp_path / "e"
+        200, seed=1, schema=codec_schema("zstd"), storage="memmap", directory=tmp_path / "e"
     )
-    other.add(_episodes(15, [3])[0])
+    other.add(episodes(15, [3])[0])
     other.load_state_dict(mapped.state_dict())  # into new files
     other.sync()
     assert _stored(SequenceReplay.open(tmp_path / "e")) == _stored(plain)
