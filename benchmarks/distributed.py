@@ -265,9 +265,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     keys = list(rows[0])
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     for row in rows:
-        cells = [f"{v:.1f}" if isinstance(v, float) else str(v) for v in row.values()]
+        cells = [_cell(v) for v in row.values()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    """Floats under 10 (ratios) to two places, larger ones to one."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
 
 
 def main() -> None:

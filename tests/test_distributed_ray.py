@@ -8,7 +8,6 @@ backend="local" in test_distributed.py.
 
 from __future__ import annotations
 
-import os
 import pickle
 import threading
 import time
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_episode
+from ray_cluster import local_cluster
 
 from lucid_replay import (
     CheckpointError,
@@ -44,18 +44,8 @@ EXAMPLES = TESTS.parent / "examples"
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray cluster for this module, on 127.0.0.1 only; always shut down."""
-    os.environ.update(
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # every server binds to 127.0.0.1
-        RAY_AUTH_MODE="disabled",  # no token written to ~/.ray
-        RAY_USAGE_STATS_ENABLED="0",
-        # Workers import this module, conftest and the examples' modules by name.
-        PYTHONPATH=os.pathsep.join([str(TESTS), str(EXAMPLES), os.environ.get("PYTHONPATH", "")]),
-    )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
+    with local_cluster(EXAMPLES):
         yield
-    finally:
-        ray.shutdown()
 
 
 def _store(client: ShardedReplay, count: int) -> list[int]:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import both_engines
+from ray_cluster import local_cluster
 
 from lucid_replay import (
     Episode,
@@ -336,18 +337,8 @@ ray = pytest.importorskip("ray", reason='needs Ray: pip install "lucid-replay[di
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray cluster for this module, on 127.0.0.1 only; always shut down."""
-    tests = Path(__file__).resolve().parent
-    os.environ.update(
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        RAY_AUTH_MODE="disabled",
-        RAY_USAGE_STATS_ENABLED="0",
-        PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
-    )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
+    with local_cluster():
         yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.mark.ray

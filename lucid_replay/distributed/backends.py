@@ -11,6 +11,7 @@ import shutil
 import uuid
 from typing import Any
 
+import lucid_replay.distributed.lanes as lanes
 import lucid_replay.distributed.settings as settings
 import lucid_replay.distributed.sharing as sharing
 from lucid_replay.distributed.calls import BACKENDS, LocalHandle, get
@@ -23,6 +24,8 @@ __all__: list[str] = []  # internal module
 # Ray re-runs a dead shard's constructor (which reloads its checkpoint) without limit; a call
 # in flight when it died raises to its caller (at most once: adds are never applied twice).
 # The control is threaded, so that a call waiting on the rate limiter blocks no other call.
+# A Ray shard also answers lanes (`lanes`) from threads of its own: its calls take one lock.
+SerialReplayShard = lanes.serialized(ReplayShard, __name__)
 
 
 def check_backend(backend: object) -> str:
@@ -63,7 +66,7 @@ def make_shard(backend: str, index: int, shard: dict[str, Any], control: Any, **
         return LocalHandle(ReplayShard(index, shard, control, restarted=False, **kw))
     import ray
 
-    actor = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)(ReplayShard)
+    actor: Any = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)(SerialReplayShard)
     return actor.remote(index, shard, control, **kw)
 
 
@@ -149,7 +152,17 @@ def pickled(backend: str, state: dict[str, Any]) -> dict[str, Any]:
             'a ShardedReplay with backend="local" cannot be pickled: its shards live in '
             'this process (use backend="ray" to add from other processes)'
         )
-    dropped = ("_lock", "_rng", "_mapped", "_deferred", "_resolved", "_transport_stats")
+    dropped = (
+        "_lock",
+        "_rng",
+        "_mapped",
+        "_deferred",
+        "_resolved",
+        "_transport_stats",
+        "_blocks",
+        "_lanes",
+        "_lane_handles",
+    )
     return {k: v for k, v in state.items() if k not in dropped}
 
 

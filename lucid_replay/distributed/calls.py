@@ -2,7 +2,8 @@
 
 ``backend="local"`` wraps objects in `LocalHandle`, whose calls run at once, in order, and
 keep their result (or error) for `get`, so shards, the control and the client run the same
-code on both backends. Ray is imported only when a future is one of Ray's.
+code on both backends. A `LaneFuture` is a call sent on a lane
+(`lucid_replay.distributed.lanes`). Ray is imported only when a future is one of Ray's.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from typing import Any
+
+from lucid_replay.distributed.lanes import LaneFuture
 
 __all__: list[str] = []  # internal module
 
@@ -49,15 +52,19 @@ class LocalHandle:
 
 
 def get(futures: Any) -> Any:
-    """Wait for one future or a list of them (local or Ray); raise the first error."""
+    """Wait for one future or a list of them (local, lane or Ray); raise the first error."""
     if isinstance(futures, list):
         if all(isinstance(f, LocalFuture) for f in futures):
             return [_result(f) for f in futures]
+        if any(isinstance(f, LaneFuture) for f in futures):
+            return [get(f) for f in futures]
         import ray
 
         return ray.get(futures)
     if isinstance(futures, LocalFuture):
         return _result(futures)
+    if isinstance(futures, LaneFuture):
+        return futures.result()
     import ray
 
     return ray.get(futures)

@@ -279,7 +279,7 @@ def save_replay(replay: Any, directory: str | os.PathLike[str]) -> None:
     os.makedirs(path, exist_ok=True)
     previous = _previous(path)
     generation = _generation(path, previous)
-    futures = [shard.save.remote(path, generation) for shard in replay._shards]
+    futures = [shard.save.remote(path, generation) for shard in replay._call_handles()]
     entries, failure = [], None
     for future in futures:  # every shard has finished writing before anything is removed
         try:

@@ -454,7 +454,7 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ClientTransport
         """
         self._check_open()
         self._flush_updates()
-        per_shard = calls.get([s.stats.remote() for s in self._shards])
+        per_shard = calls.get([s.stats.remote() for s in self._call_handles()])
         shared = calls.get(self._control.state.remote())
         limited = self._config["rate_limiter"] is not None
         return summary(per_shard, shared, self._skipped, limited=limited)

@@ -12,9 +12,12 @@ import shutil
 from typing import Any
 
 import lucid_replay.distributed.backends as backends
+import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.deferred as deferred
 import lucid_replay.distributed.options as options
+from lucid_replay.batch_memory import Blocks
 from lucid_replay.distributed.gathering import Mapped, TransportStats
+from lucid_replay.distributed.lanes import Lane, LaneHandle
 
 __all__: list[str] = []  # internal module
 
@@ -30,6 +33,7 @@ class ClientTransport:
     _mapped: dict[int, Mapped]
     _deferred: list[Any]
     _transport_stats: TransportStats
+    _blocks: Blocks
 
     def _init_transport(self, root: str | None) -> None:
         self._root = root
@@ -41,6 +45,9 @@ class ClientTransport:
         # reported only while this is unchanged (`coordination.begin`).
         self._changes = 0
         self._transport_stats = TransportStats()
+        self._blocks = Blocks()  # the memory of gathered batches, reused once unreferenced
+        self._lanes: list[Lane | None] = [None] * len(self._shards)
+        self._lane_handles: list[Any] = []
 
     @property
     def transport(self) -> str:
@@ -62,6 +69,32 @@ class ClientTransport:
 
     def _shared(self) -> bool:
         return self.transport == "shared"
+
+    def _draw_handles(self) -> list[Any]:
+        """The handles a draw calls: lanes to a shared Ray client's shards, else the shards.
+
+        A lane is opened on the first draw, and again after it broke (`lanes`).
+        """
+        if self._config["backend"] != "ray" or not self._shared():
+            return self._shards
+        broken = [k for k, lane in enumerate(self._lanes) if lane is None or not lane.usable]
+        if broken or not self._lane_handles:
+            addresses = calls.get([self._shards[k].lane.remote() for k in broken])
+            for k, (address, key) in zip(broken, addresses, strict=True):
+                self._lanes[k] = Lane(address, key)
+            self._lane_handles = [LaneHandle(lane) for lane in self._lanes if lane is not None]
+        return self._lane_handles
+
+    def _call_handles(self) -> list[Any]:
+        """The shards' handles for any call but a draw.
+
+        The replies of this client's draws in flight on lanes are read first: the shards
+        ran them, and run this call after them, in the order this client sent them.
+        """
+        for lane in self._lanes:
+            if lane is not None and lane.usable:
+                lane.settle()
+        return self._shards
 
     def transport_stats(self) -> dict[str, Any]:
         """What the transport cost: bytes copied, seconds, torn reads; cumulative and last.
@@ -91,5 +124,9 @@ class ClientTransport:
     def _release_shared(self) -> None:
         """Forget the mappings; remove the shared files of ``storage="memory"`` shards."""
         self._mapped = {}
+        lanes, self._lanes, self._lane_handles = self._lanes, [None] * len(self._shards), []
+        for lane in lanes:
+            if lane is not None:
+                lane.close()
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)

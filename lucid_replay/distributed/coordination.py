@@ -50,7 +50,7 @@ def begin(
         with replay._lock:
             if not stream:
                 replay._changes += 1  # the masses a stream read may have changed
-            shards, window = replay._shards, spec.window
+            shards, window = replay._draw_handles(), spec.window
             laws, _ = draw.plan(spec.law, len(shards))
             queued = deferred.take(replay)  # priority updates ride this request
             riding: list[Any] | None = queued  # on the draw calls (a stream's, with reports)
@@ -101,7 +101,7 @@ def finished(replay: Any, pending: draw.Pending, then: Any = None) -> None:
     ``then`` runs before the batch is put together: a stream starts its next draw there.
     """
     with replay._lock:
-        draw.finish(replay._shards, replay._rng, pending, calls.get)
+        draw.finish(replay._draw_handles(), replay._rng, pending, calls.get)
         if pending.report:
             deferred.settle(replay, list(pending.infos.values()))
     if then is not None:

@@ -57,7 +57,7 @@ def settle_replies(replay: Any, replies: list[Any]) -> int:
     if largest is not None and largest > replay._global_max:
         # Every shard's new episodes start at the global maximum once this returns.
         replay._global_max = largest
-        calls.get([shard.raise_max_priority.remote(largest) for shard in replay._shards])
+        calls.get([shard.raise_max_priority.remote(largest) for shard in replay._call_handles()])
     return int(applied)
 
 
@@ -66,8 +66,9 @@ def flush(replay: Any) -> None:
     with replay._lock:
         queued = take(replay)
         replay._changes += any(queued)
+        shards = replay._call_handles()
         futures = [
-            replay._shards[k].update.remote(ids, errors)
+            shards[k].update.remote(ids, errors)
             for k, queue in enumerate(queued)
             for ids, errors in queue or ()
         ]

@@ -20,7 +20,7 @@ count nowhere. So an `append` that completes a segment may wait for the limiter 
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -184,7 +184,7 @@ class ShardedEpisodeStream(PendingSteps):
         if count:
             coordination.acquire(replay, count, inserting=True, timeout=timeout)
         try:
-            shard = replay._shards[self._shard]
+            shard = replay._call_handles()[self._shard]
             future = shard.append_steps.remote(
                 self._episode_id, self._handle, packed, flush, terminated
             )
@@ -203,6 +203,7 @@ class ShardedStreams:
 
     _config: dict[str, Any]
     _shards: list[Any]
+    _call_handles: Callable[[], list[Any]]  # `ClientTransport._call_handles`
     _lock: Any
     _cursor: int
 
@@ -234,7 +235,7 @@ class ShardedStreams:
         self._segmented("open_episode")
         with self._lock:
             target = self._cursor % len(self._shards)
-        episode_id, handle = calls.get(self._shards[target].open_episode.remote())
+        episode_id, handle = calls.get(self._call_handles()[target].open_episode.remote())
         with self._lock:
             self._cursor += 1  # only once opened: a refused call routes nothing
         return ShardedEpisodeStream(self, episode_id, handle)
@@ -256,7 +257,7 @@ class ShardedStreams:
         self._check_open()
         self._segmented("resume_episode")
         number, shard = self._shard_of(episode_id)
-        handle = calls.get(self._shards[shard].resume_episode.remote(number))
+        handle = calls.get(self._call_handles()[shard].resume_episode.remote(number))
         return ShardedEpisodeStream(self, number, handle)
 
     @property
@@ -265,7 +266,7 @@ class ShardedStreams:
         self._check_open()
         if self._config["segment_length"] is None:
             return []
-        per_shard = calls.get([s.open_episode_ids.remote() for s in self._shards])
+        per_shard = calls.get([s.open_episode_ids.remote() for s in self._call_handles()])
         return sorted(i for found in per_shard for i in found)
 
     def episode_info(self, episode_id: int) -> EpisodeInfo:
@@ -281,7 +282,7 @@ class ShardedStreams:
         self._check_open()
         self._segmented("episode_info")
         number, shard = self._shard_of(episode_id)
-        info: EpisodeInfo = calls.get(self._shards[shard].episode_info.remote(number))
+        info: EpisodeInfo = calls.get(self._call_handles()[shard].episode_info.remote(number))
         return info
 
     def _segmented(self, call: str) -> None:

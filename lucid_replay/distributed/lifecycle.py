@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,7 @@ class ClientPriorities:
 
     _config: dict[str, Any]
     _shards: list[Any]
+    _call_handles: Callable[[], list[Any]]  # `ClientTransport._call_handles`
     _beta: float
     epsilon: float
 
@@ -131,5 +133,5 @@ class ClientPriorities:
         """``beta = beta0 + fraction * (final - beta0)`` on the client and every shard."""
         beta = annealed_beta(self._config["beta"], fraction, final)  # checks both first
         self._check_open()
-        calls.get([s.anneal_beta.remote(fraction, final) for s in self._shards])
+        calls.get([s.anneal_beta.remote(fraction, final) for s in self._call_handles()])
         self._beta = beta

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lucid_replay.distributed.calls as calls
@@ -15,6 +16,7 @@ class ClientReports:
     """What a sharded replay holds, summed over its shards."""
 
     _shards: list[Any]
+    _call_handles: Callable[[], list[Any]]  # `ClientTransport._call_handles`
 
     def _check_open(self) -> None: ...  # `ClientLife`
 
@@ -42,7 +44,7 @@ class ClientReports:
         >>> replay.close()
         """
         self._check_open()
-        reports = calls.get([shard.memory_report.remote() for shard in self._shards])
+        reports = calls.get([shard.memory_report.remote() for shard in self._call_handles()])
         fields: dict[str, dict[str, int]] = {}
         for report in reports:
             for name, counts in report["fields"].items():

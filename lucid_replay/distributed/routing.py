@@ -50,7 +50,7 @@ def update(replay: Any, indices: Any, errors: Any) -> int:
         id_values, values, shard_of = checked_update(replay, indices, errors)
         deferred.flush(replay)
         replay._changes += 1
-        shards = replay._shards
+        shards = replay._call_handles()
         futures = [
             shards[k].update.remote(id_values[shard_of == k], values[shard_of == k])
             for k in np.unique(shard_of).tolist()
@@ -80,7 +80,8 @@ def check_issued(replay: Any, global_ids: np.ndarray, *, segments: bool = False)
     bad = _never_issued(marks, replay.num_shards, global_ids, shard, incarnation, local)
     if bad.any():  # marks may be stale: ask those shards once
         suspects = np.unique(shard[bad & (global_ids >= 0) & (shard < replay.num_shards)])
-        futures = [replay._shards[k].issued.remote(segments) for k in suspects.tolist()]
+        shards = replay._call_handles()
+        futures = [shards[k].issued.remote(segments) for k in suspects.tolist()]
         for k, mark in zip(suspects.tolist(), calls.get(futures), strict=True):
             marks[k] = mark
         bad = _never_issued(marks, replay.num_shards, global_ids, shard, incarnation, local)
@@ -142,8 +143,9 @@ def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:
         raise wrong_kind("values", "a tensor", type(values).__name__)
     host = values.detach().cpu().numpy()
     shard = ids.decode(episode_ids)[0]
+    shards = replay._call_handles()
     futures = [
-        replay._shards[k].write_back.remote(name, episode_ids, steps, mask & (shard == k), host)
+        shards[k].write_back.remote(name, episode_ids, steps, mask & (shard == k), host)
         for k in np.unique(shard[mask]).tolist()
         if 0 <= k < replay.num_shards
     ]
@@ -185,15 +187,16 @@ def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
     futures: dict[int, Any] = {}
     replies: dict[int, np.ndarray] = {}
     failure: BaseException | None = None
+    handles = replay._call_handles()
     try:
         for k in shards:
             mine = np.flatnonzero(targets == k)
             packed = [transport.pack_episode(episodes[i]) for i in mine]
             if places is None:  # one shard: its episodes take their counters as they arrive
-                futures[k] = replay._shards[k].add.remote(packed)
+                futures[k] = handles[k].add.remote(packed)
             else:
                 call = (token, transitions, len(shards), places[mine], lengths[mine])
-                futures[k] = replay._shards[k].add.remote(packed, call)
+                futures[k] = handles[k].add.remote(packed, call)
     except BaseException as error:
         failure = error
     for k, future in futures.items():  # each shard's reply, also when another one failed

@@ -36,6 +36,7 @@ import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.checkpoints as checkpoints
 import lucid_replay.distributed.commits as commits
 import lucid_replay.distributed.ids as ids
+import lucid_replay.distributed.lanes as lanes
 import lucid_replay.distributed.options as options
 import lucid_replay.distributed.sharing as sharing
 import lucid_replay.distributed.transport as transport
@@ -123,6 +124,7 @@ class ReplayShard(ShardStreams):
         self.segment_ranges: list[list[int]] = []
         self.streams: dict[int, tuple[int, EpisodeStream]] = {}  # open: see ShardStreams
         self.adds_since_checkpoint = 0
+        self.lane_server: lanes.LaneServer | None = None  # started by a client's `lane`
         if restarted:
             self._reload()
             self._join(restarted=True)
@@ -239,23 +241,29 @@ class ReplayShard(ShardStreams):
         updated = [self.update(*update) for update in updates or ()]
         buffer = self.buffer
         with buffer._lock:
-            table = buffer._core.store.table
-            slots, owners = table.stored_slots(), table.owners()
-            first, total = engine.tensor(owners.first_stored), engine.tensor(owners.total)
-            at = engine.tensor(slots)
-            lengths = total[at] - first[at]  # each stored episode's stored steps
-            extra = window.open_anchor_span - window.anchor_span
-            anchors = engine.tensor(episode_anchors(owners, slots, window.anchor_span, extra))
             log_masses = [self.hooks.log_mass(window, law) for law in laws]
-            return {
+            info = {
                 "log_masses": log_masses,
                 "log_mass": max(log_masses),
                 "draws_left": self.hooks.draws_left(window),
                 "episodes": buffer.num_episodes,
-                "longest": int(lengths.max()) if lengths.numel() else 0,
-                "eligible": bool((anchors > 0).any()),  # reuse limit aside
                 "updated": updated,
             }
+            if info["log_mass"] == -math.inf:  # what a refusal names (`draw.check`): O(E)
+                info |= self._why_empty(window)
+            return info
+
+    def _why_empty(self, window: Window) -> dict[str, Any]:
+        """The longest stored episode, and whether any has an anchor (reuse limit aside)."""
+        table = self.buffer._core.store.table
+        slots, owners = table.stored_slots(), table.owners()
+        first, total = engine.tensor(owners.first_stored), engine.tensor(owners.total)
+        at = engine.tensor(slots)
+        lengths = total[at] - first[at]  # each stored episode's stored steps
+        extra = window.open_anchor_span - window.anchor_span
+        anchors = engine.tensor(episode_anchors(owners, slots, window.anchor_span, extra))
+        longest = int(lengths.max()) if lengths.numel() else 0
+        return {"longest": longest, "eligible": bool((anchors > 0).any())}
 
     def draw(
         self,
@@ -401,6 +409,12 @@ class ReplayShard(ShardStreams):
             return self.incarnation, next_id, list(self.segment_starts), ranges
         ranges = [list(r) for r in self.ranges]
         return self.incarnation, self.buffer._next_episode_id, list(self.starts), ranges
+
+    def lane(self) -> tuple[str, bytes]:
+        """The address and key of this process's `LaneServer` (started on the first call)."""
+        if self.lane_server is None:
+            self.lane_server = lanes.LaneServer(self)
+        return self.lane_server.address, self.lane_server.key
 
     def node(self) -> str:
         """The Ray node this shard runs on (for ``transport="auto"``)."""
