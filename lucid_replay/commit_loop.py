@@ -80,13 +80,14 @@ def commit(
     if evicted:
         table.first_id += evicted
         table.oldest_offset = oldest
-        directory.released(gone[:gone_count])
+        if gone_count:
+            directory.released(gone[:gone_count])
         store.counts["episodes_evicted"] += gone_count
         store.counts["transitions_evicted"] += oldest - oldest_before
         store.evicted_unsampled = store.evicted_unsampled + gone_unsampled
     table.next_id += 1
     table.next_offset += length
-    store.on_change(torch.from_numpy(dirty[:noted]))
+    store.on_change(dirty[:noted].tolist())  # 2 or 3 rows, as a list: cheaper than a tensor
     store.counts["episodes_added"] += int(new_episode)
     store.counts["transitions_added"] += length
     return int(key)

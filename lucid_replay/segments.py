@@ -17,6 +17,7 @@ to the episode's previous and next segment). This module keeps the two in step:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
@@ -371,6 +372,7 @@ class Segments:
         }
 
 
+@functools.cache  # every compiled commit asks
 def _commit_loop() -> ModuleType:
     """`lucid_replay.commit_loop`, imported on first use: it needs numba."""
     from lucid_replay import commit_loop

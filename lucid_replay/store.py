@@ -75,8 +75,8 @@ class EpisodeStore:
     Attributes
     ----------
     on_change
-        Called with the rows (an ``int`` or a tensor) whose leaves changed; set by the
-        owner of the sum trees.
+        Called with the rows (an ``int``, a list of them or a tensor) whose leaves
+        changed; set by the owner of the sum trees.
     """
 
     def __init__(
@@ -94,7 +94,7 @@ class EpisodeStore:
     ) -> None:
         self.capacity = capacity
         self.reuse_limit = reuse_limit
-        self.on_change: Callable[[int | torch.Tensor], None] = _ignore
+        self.on_change: Callable[[int | list[int] | torch.Tensor], None] = _ignore
         self.schema = declared
         self.declared = declared is not None  # a declared schema casts same-kind dtypes
         self.allocator = allocator
@@ -293,7 +293,7 @@ class EpisodeStore:
         return int(write.sum())
 
 
-def _ignore(rows: int | torch.Tensor) -> None:
+def _ignore(rows: int | list[int] | torch.Tensor) -> None:
     """`EpisodeStore.on_change` until an owner sets it."""
 
 

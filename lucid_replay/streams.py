@@ -20,7 +20,7 @@ import torch
 from lucid_replay import engine
 from lucid_replay.episode import Episode, host_views
 from lucid_replay.errors import InvalidArgumentError, must, must_have, wrong_type
-from lucid_replay.schema import Schema
+from lucid_replay.step_checks import StoredSteps, stored_steps
 
 if TYPE_CHECKING:
     from lucid_replay.core import ReplayCore
@@ -169,8 +169,9 @@ class EpisodeStream(PendingSteps):
         super().__init__(episode_id, segment_length)
         self._owner = owner  # the buffer: its lock and core
         self._token = token
-        # Where `_checked` last found the episode.
+        # Where `_checked` last found the episode; what `append` compares steps with.
         self._slot, self._directory = -1, cast("EpisodeDirectory | None", None)
+        self._stored: StoredSteps | None = None
 
     # ---------------------------------------------------------------------------- calls
     def append(self, steps: Mapping[str, Any]) -> list[int]:
@@ -194,12 +195,12 @@ class EpisodeStream(PendingSteps):
         with self._guard, owner._lock:
             slot, segments = self._checked(core)
             store = core.store
-            matching = _matching(steps, store.schema, store.capacity)
-            if matching is not None:  # tensors as stored: no conversion, no copy
-                pieces, total = matching
-                assert store.schema is not None  # `_matching` compared them with it
-                store.fix_schema(store.schema)  # a declared schema's first steps
-                return self._take(core, segments, slot, pieces, None, total)
+            check = self._stored = stored_steps(self._stored, store.schema, store.capacity)
+            total = 0 if check is None else check.count(steps)
+            if total:  # tensors as stored: no conversion, no copy
+                assert check is not None  # `count` compared the steps with it
+                store.fix_schema(check.schema)  # a declared schema's first steps
+                return self._take(core, segments, slot, steps, None, total)
             episode = _as_steps(steps)
             if len(episode) > store.capacity:
                 raise must(
@@ -398,30 +399,3 @@ def _as_steps(steps: object) -> Episode:
     if not isinstance(steps, Mapping):
         raise wrong_type("steps", "a mapping of field names to arrays", steps)
     return Episode(steps)
-
-
-def _matching(
-    steps: object, schema: Schema | None, capacity: int
-) -> tuple[dict[str, torch.Tensor], int] | None:
-    """``steps`` and their step count, if exactly the stored fields, dtypes and shapes.
-
-    None for anything else, which the full path converts, checks and refuses with the
-    reason.
-    """
-    if schema is None or type(steps) is not dict or len(steps) != len(schema):
-        return None
-    total = -1
-    for name, (shape, dtype) in schema.specs().items():
-        values = steps.get(name)
-        if type(values) is not torch.Tensor or values.dtype != dtype or values.requires_grad:
-            return None
-        size = values.shape
-        if size[1:] != shape or len(size) != len(shape) + 1:
-            return None
-        if total != size[0]:
-            if total >= 0:
-                return None
-            total = size[0]
-    if not 1 <= total <= capacity:
-        return None
-    return steps, total

@@ -203,7 +203,7 @@ class CachedTree:
         self.array = engine.view(nodes)  # the same memory, for the index arithmetic
         self.levels = leaf_count(nodes).bit_length() - 1
         self.scale = scale
-        self.pending: list[int | torch.Tensor] = []
+        self.pending: list[int | list[int] | torch.Tensor] = []
         self.pending_count = 0
         self.stale = False  # so many rows changed that a rebuild is cheaper
 
@@ -211,12 +211,15 @@ class CachedTree:
         """The sum of the leaves (a host synchronisation on a device)."""
         return float(self.array[1])
 
-    def note(self, rows: int | torch.Tensor, row_count: int) -> None:
+    def note(self, rows: int | list[int] | torch.Tensor, row_count: int) -> None:
         """Note that the leaves of ``rows`` (of a table of ``row_count`` rows) changed."""
         if self.stale:
             return
         self.pending.append(rows)
-        self.pending_count += 1 if isinstance(rows, int) else rows.numel()
+        if isinstance(rows, torch.Tensor):
+            self.pending_count += rows.numel()
+        else:
+            self.pending_count += 1 if isinstance(rows, int) else len(rows)
         # More pending rows than rows: a build computes fewer leaves than the refresh would.
         # Below that the refresh is the cheaper one: its O(k log E) node updates are one
         # compiled loop (or log E array ops), a build's O(E) work some 30 array ops. Rebuilding
@@ -230,8 +233,13 @@ class CachedTree:
 
         A row may repeat: its leaf is then recomputed twice, alike.
         """
-        parts = [engine.view(row).reshape(-1) for row in self.pending if not isinstance(row, int)]
-        ints = [row for row in self.pending if isinstance(row, int)]
+        parts = [engine.view(r).reshape(-1) for r in self.pending if isinstance(r, torch.Tensor)]
+        ints: list[int] = []
+        for rows in self.pending:
+            if isinstance(rows, int):
+                ints.append(rows)
+            elif isinstance(rows, list):
+                ints += rows
         if ints:
             parts.append(engine.from_ints(ints, device))
         self.pending, self.pending_count = [], 0

@@ -100,7 +100,7 @@ class Trees:
         self._generation = table.generation
 
     # ------------------------------------------------------------------------ the cache
-    def mark_dirty(self, rows: int | torch.Tensor) -> None:
+    def mark_dirty(self, rows: int | list[int] | torch.Tensor) -> None:
         """Note that the leaves of ``rows`` must be recomputed before their next draw."""
         for tree in self._trees.values():
             tree.note(rows, self.table.row_count)
@@ -161,7 +161,11 @@ class Trees:
 
     def max_need(self) -> int:
         """The most steps any cached tree's anchors need after them (0 without trees)."""
-        return max((span + extra for span, extra, _ in self._trees), default=0)
+        need = 0
+        for span, extra, _ in self._trees:  # every commit asks: a loop, not a generator
+            if span + extra > need:
+                need = span + extra
+        return need
 
     def cached(self, span: int, law: Law, extra: int = 0) -> sum_tree.CachedTree:
         """The up-to-date `CachedTree` for ``(span, law)``.
