@@ -293,11 +293,11 @@ class TransitionRing:
         if engine.compiled(firsts) and out is not None and _on_cpu(out):
             ring_copies = _ring_copies()
             if listed is not None:  # the windows' runs, listed by their expansion
-                targets = np.array([out[name].data_ptr() for name in self.fields], dtype=np.int64)
+                from lucid_replay.listed_copies import copy_listed
+
                 lap = oldest_offset - oldest_offset % self.capacity
-                ring_copies.copy_runs(
-                    targets, self._addresses, self._row_bytes, size, *listed, self.capacity, lap
-                )
+                plan = self.fields, self._addresses, self._row_bytes, self._copiers(size, 1)
+                copy_listed(*plan, out, size, listed, self.capacity, lap)
                 return dict(out)
 
             # The runs are copied first; those that are clamped or cross the seam read any

@@ -282,6 +282,17 @@ _AHEAD = 4  # windows between a prefetch and its copy
 
 
 @jit
+def run_slot(offset: int, base: int, capacity: int) -> int:
+    """The ring slot of a listed run's global ``offset`` (``base``: slot 0's, oldest lap)."""
+    slot = offset - base
+    if slot >= capacity:
+        slot -= capacity
+    if not 0 <= slot < capacity:  # a raw-memory guard, as in gather_records
+        raise IndexError("listed runs: an offset outside the stored range")
+    return slot
+
+
+@jit
 def copy_runs(
     targets: np.ndarray,
     sources: np.ndarray,
@@ -303,11 +314,7 @@ def copy_runs(
     """
     run = np.empty(4, dtype=np.int64)
     for r in range(count):
-        slot = runs[0, r] - base
-        if slot >= capacity:
-            slot -= capacity
-        if not 0 <= slot < capacity:  # a raw-memory guard, as in gather_records
-            raise IndexError("copy_runs: an offset outside the stored range")
+        run_slot(runs[0, r], base, capacity)
     for f in range(targets.shape[0]):
         width = row_bytes[f]
         for r in range(count):

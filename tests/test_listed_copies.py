@@ -1,0 +1,118 @@
+"""Windows across seams with several torch threads: large fields by ``index_select``.
+
+The split copy (`lucid_replay.listed_copies`) must give the batch the single compiled call
+gives, byte for byte, and leave alone the rows of a call that lists only some of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from lucid_replay import Episode, SequenceReplay, Window, engine
+
+pytest.importorskip("numba", reason="the listed runs are the compiled path's")
+listed_copies = pytest.importorskip("lucid_replay.listed_copies")
+
+WINDOW = Window(24, burn_in=8, bootstrap=2)  # 34 records of 256 B: index_select's size
+
+
+@contextlib.contextmanager
+def _threads(count: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _interleaved(rng: np.random.Generator) -> SequenceReplay:
+    """Eight episodes streamed at once in random pieces (seams every 16 steps), heads evicted."""
+    buffer = SequenceReplay(capacity=2000, segment_length=16)
+    streams = [buffer.open_episode() for _ in range(8)]
+    lengths = [0] * 8
+    for _ in range(400):
+        which = int(rng.integers(8))
+        size = int(rng.integers(1, 12))
+        serial = torch.arange(lengths[which], lengths[which] + size) + 10_000 * which
+        obs = torch.randn(size, 64, generator=torch.Generator().manual_seed(len(serial)))
+        streams[which].append({"serial": serial, "obs": obs + serial[:, None]})
+        lengths[which] += size
+    for which in range(0, 8, 2):
+        streams[which].close(terminated=True)
+    return buffer
+
+
+def test_listed_slots_are_each_records_ring_slot():
+    runs = np.array(
+        [
+            [105, 107, 108, 100],  # global offsets: slots 5, 7, 8, 0 (base 100, capacity 10)
+            [0, 3, 0, 0],  # first record
+            [3, 6, 4, 2],  # end record
+            [1, 0, 1, 1],  # kind: consecutive, repeated, consecutive across the end, ...
+        ],
+        dtype=np.int64,
+    )
+    windows = np.array([0, 0, 1, 2], dtype=np.int64)
+    slots = np.full(3 * 6, -1, dtype=np.int64)
+    listed_copies.listed_slots(runs, windows, 4, 6, 10, 100, slots)
+    expected = np.full(18, -1)
+    expected[0:3] = [5, 6, 7]
+    expected[3:6] = [7, 7, 7]
+    expected[6:10] = [8, 9, 0, 1]
+    expected[12:14] = [0, 1]
+    assert slots.tolist() == expected.tolist()
+    runs[0, 0] = 99  # below the oldest lap
+    with pytest.raises(IndexError, match="outside the stored range"):
+        listed_copies.listed_slots(runs, windows, 4, 6, 10, 100, slots)
+
+
+@pytest.mark.skipif(not engine.available(), reason="needs numba")
+def test_two_threads_gather_the_one_thread_batch_and_the_contiguous_windows(monkeypatch):
+    buffer = _interleaved(np.random.default_rng(3))
+    ids = buffer.episode_ids
+    infos = [buffer.episode_info(i) for i in ids]
+    assert buffer.stats()["segments_evicted"] > 0 and max(i.num_segments for i in infos) > 4
+    rng = np.random.default_rng(0)
+    picks = rng.integers(len(ids), size=200)
+    episodes = [ids[p] for p in picks]
+    steps = [infos[p].first_step + int(rng.integers(infos[p].stored_length)) for p in picks]
+    slot_calls = []
+    real = listed_copies.listed_slots
+    monkeypatch.setattr(listed_copies, "listed_slots", lambda *a: slot_calls.append(1) or real(*a))
+    with _threads(1):
+        one = buffer.gather_windows(episodes, steps, WINDOW)
+    assert not slot_calls  # one thread: the single compiled call
+    with _threads(2):
+        two = buffer.gather_windows(episodes, steps, WINDOW)
+    assert slot_calls  # two threads: the large field by index_select
+    for name in ("serial", "obs"):
+        assert torch.equal(one[name], two[name]), name
+    for p in sorted(set(picks.tolist())):  # and what the steps stored contiguously give
+        whole = SequenceReplay(capacity=4000)
+        whole.add(Episode(buffer[ids[p]].steps, terminated=infos[p].terminated))
+        rows = np.flatnonzero(picks == p)
+        local = [steps[r] - infos[p].first_step for r in rows]
+        theirs = whole.gather_windows([0] * len(rows), local, WINDOW)
+        for name in ("serial", "obs"):
+            assert torch.equal(two[name][torch.from_numpy(rows)], theirs[name]), name
+
+
+def test_a_call_listing_some_rows_leaves_the_others_alone():
+    """A sharded client's piece covers only its shard's rows: the single call copies it."""
+    store = torch.arange(40 * 64, dtype=torch.float32).view(40, 64)
+    fields = {"obs": store}
+    addresses = np.array([store.data_ptr()], dtype=np.int64)
+    row_bytes = np.array([256], dtype=np.int64)
+    split = (np.empty(0, dtype=np.int64), ("obs",))  # what two threads would choose
+    out = {"obs": torch.full((3, 20, 64), -1.0)}
+    runs = np.array([[3], [0], [20], [1]], dtype=np.int64)  # window 1 only: slots 3..22
+    listed = (runs, np.array([1], dtype=np.int64), 1)
+    listed_copies.copy_listed(fields, addresses, row_bytes, split, out, 20, listed, 40, 0)
+    assert torch.equal(out["obs"][1], store[3:23])
+    assert bool((out["obs"][[0, 2]] == -1).all())
