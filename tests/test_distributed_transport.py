@@ -126,6 +126,29 @@ def test_shared_equals_object_on_every_engine():
         _same(got, expected)
 
 
+def test_a_held_batch_keeps_its_values_and_a_dropped_ones_memory_is_reused():
+    """Shared batches are gathered into reused blocks: never into one the caller holds."""
+    replay = _make("shared", 2)
+    replay.extend(_episodes(0, 20))
+    held = []
+    for _ in range(6):
+        batch = replay.sample_windows(8, WINDOW)
+        copies = {key: getattr(batch, key).clone() for key in ("episode_ids", "validity_mask")}
+        held.append((batch, copies, {name: v.clone() for name, v in batch.data.items()}))
+    for batch, copies, data in held:
+        for key, value in copies.items():
+            assert torch.equal(getattr(batch, key), value), key
+        for name, value in data.items():
+            assert torch.equal(batch[name], value), name
+    keep = batch["mark"][0]  # a view holds the block too
+    del held, batch
+    places = []
+    for _ in range(6):
+        places.append(replay.sample_windows(8, WINDOW)["mark"].data_ptr())
+    assert len(set(places)) <= 2 and keep.data_ptr() not in places
+    replay.close()
+
+
 def test_memmap_storage_is_shared_from_its_own_files(tmp_path):
     shared = _run("shared", 2, WINDOW, storage="memmap", directory=tmp_path / "s")
     objects = _run("object", 2, WINDOW, storage="memmap", directory=tmp_path / "o")
