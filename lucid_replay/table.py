@@ -15,12 +15,12 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+import lucid_replay.table_loops as table_loops
 from lucid_replay import engine
 from lucid_replay.directory import EpisodeDirectory, Owners
 from lucid_replay.engine import Array
 from lucid_replay.segment_checks import SEGMENT_COLUMNS, checked_directory
 from lucid_replay.table_checks import checked_table_state
-from lucid_replay.table_loops import _assign_priorities, assign_priorities_loop, first_unissued_loop
 
 __all__: list[str] = []  # internal module
 
@@ -270,7 +270,7 @@ class EpisodeTable:
         issued). An `engine` array; one compiled pass on CPU (`first_unissued_loop`).
         """
         if engine.compiled(episode_ids):
-            return int(first_unissued_loop(episode_ids, self.next_id))
+            return int(table_loops.first_unissued_loop(episode_ids, self.next_id))
         issued = (episode_ids >= 0) & (episode_ids < self.next_id)
         if bool(issued.all()):
             return -1
@@ -286,9 +286,10 @@ class EpisodeTable:
         """
         column, bounds = self.arrays["priority"], (self.first_id, self.next_id, self.row_count)
         if engine.compiled(column):  # one pass, no sort
-            rows, distinct, largest = assign_priorities_loop(column, ids, values, *bounds)
+            loop = table_loops.assign_priorities_loop  # the module's name: the compiled twin
+            rows, distinct, largest = loop(column, ids, values, *bounds)
             return rows, int(distinct), float(largest)
-        return _assign_priorities(column, ids, values, *bounds)
+        return table_loops.assign_priorities(column, ids, values, *bounds)
 
     def stored_rows(self) -> torch.Tensor:
         """Rows of all stored episodes, oldest first (O(E); not for hot paths)."""

@@ -24,10 +24,14 @@ def first_unissued_loop(ids: np.ndarray, next_id: int) -> int:
     return -1
 
 
-def _assign_priorities(
+def assign_priorities(
     priority: Array, ids: Array, values: Array, first_id: int, next_id: int, row_count: int
 ) -> tuple[Array, int, float]:
-    """`EpisodeTable.assign_priorities` on arrays (what `assign_priorities_loop` computes)."""
+    """`EpisodeTable.assign_priorities` on arrays (what `assign_priorities_loop` computes).
+
+    Callers reach the loops through this module (``table_loops.name``): `engine.jit`
+    swaps in the compiled twins here, not in names other modules imported earlier.
+    """
     stored = (ids >= first_id) & (ids < next_id)
     if not bool(stored.all()):
         ids, values = ids[stored], values[stored]
