@@ -46,6 +46,10 @@ class Toy:
     def _private(self) -> str:
         return "never"
 
+    @staticmethod
+    def helper(value: int) -> int:
+        return value + 1
+
 
 SerialToy = serialized(Toy, __name__)
 
@@ -71,6 +75,7 @@ def test_serialized_calls_run_one_at_a_time_in_order_of_the_lock():
     unlocked.slow("direct", 0.0)
     future.result()
     assert plain == ["lane+", "direct+", "direct-", "lane-"]
+    assert SerialToy.helper(1) == toy.helper(1) == 2  # static methods are left as they are
     lane.close()
 
 

@@ -48,7 +48,8 @@ def serialized(cls: type, module: str) -> type:
     """
     wrapped: dict[str, Any] = {}
     for name, function in inspect.getmembers(cls, inspect.isfunction):
-        if not name.startswith("_"):
+        # Instance methods only: a static method has no ``self`` to hold the lock.
+        if not name.startswith("_") and inspect.isfunction(inspect.getattr_static(cls, name)):
             wrapped[name] = _locked(function)
     original_init = cls.__init__  # type: ignore[misc]
 
