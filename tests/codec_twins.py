@@ -6,6 +6,7 @@ Shared by `test_codecs` and `test_codecs_memmap` (not a test module itself).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from conftest import comparable
 
@@ -57,3 +58,21 @@ def same(first: object, second: object) -> None:
 
 def data(batch) -> dict[str, torch.Tensor]:
     return dict(batch.data)
+
+
+def stream_into_both(first, second, seed: int = 4) -> None:
+    """Stream three interleaved episodes into both buffers at once (random pieces, left
+    open), checking every tenth step that windows drawn from both are the same."""
+    rng = np.random.default_rng(seed)
+    streams = [(first.open_episode(), second.open_episode()) for _ in range(3)]
+    for step in range(60):
+        which = int(rng.integers(3))
+        piece = episodes(step, [int(rng.integers(1, 9))])[0].steps
+        for stream in streams[which]:
+            stream.append(dict(piece))
+        if step % 10 == 9:
+            for window in WINDOWS[:2]:
+                same(
+                    data(first.sample_windows(12, window)), data(second.sample_windows(12, window))
+                )
+    assert first.open_episode_ids == second.open_episode_ids

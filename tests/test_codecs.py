@@ -10,10 +10,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-import numpy as np
 import pytest
 import torch
-from codec_twins import WINDOWS, codec_schema, data, episodes, same, twins
+from codec_twins import WINDOWS, codec_schema, data, episodes, same, stream_into_both, twins
 
 from lucid_replay import (
     Episode,
@@ -115,20 +114,7 @@ def _split_in_child() -> None:
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
 def test_segmented_streams_draw_the_same_batches(index_engine, codec) -> None:
     plain, packed = twins(codec, segment_length=7)
-    rng = np.random.default_rng(4)
-    streams = [(plain.open_episode(), packed.open_episode()) for _ in range(3)]
-    for step in range(60):
-        which = int(rng.integers(3))
-        piece = episodes(step, [int(rng.integers(1, 9))])[0].steps
-        for stream in streams[which]:
-            stream.append(dict(piece))
-        if step % 10 == 9:
-            for window in WINDOWS[:2]:
-                same(
-                    data(plain.sample_windows(12, window)),
-                    data(packed.sample_windows(12, window)),
-                )
-    assert plain.open_episode_ids == packed.open_episode_ids
+    stream_into_both(plain, packed)
     for episode_id in plain.episode_ids:
         same(dict(plain[episode_id].steps), dict(packed[episode_id].steps))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from codec_twins import WINDOWS, codec_schema, data, episodes, same, twins
+from codec_twins import WINDOWS, codec_schema, data, episodes, same, stream_into_both, twins
 from conftest import assert_batches_equal, comparable
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -87,20 +87,7 @@ def test_twins_draw_the_same_batches(tmp_path, index_engine, codec) -> None:
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
 def test_segmented_streams_draw_the_same_batches_and_reopen(tmp_path, codec) -> None:
     plain, mapped = _twins(codec, tmp_path / "d", kind=SequenceReplay, segment_length=7)
-    rng = np.random.default_rng(4)
-    streams = [(plain.open_episode(), mapped.open_episode()) for _ in range(3)]
-    for step in range(60):
-        which = int(rng.integers(3))
-        piece = episodes(step, [int(rng.integers(1, 9))])[0].steps
-        for stream in streams[which]:
-            stream.append(dict(piece))
-        if step % 10 == 9:
-            for window in WINDOWS[:2]:
-                same(
-                    data(plain.sample_windows(12, window)),
-                    data(mapped.sample_windows(12, window)),
-                )
-    assert plain.open_episode_ids == mapped.open_episode_ids
+    stream_into_both(plain, mapped)
     assert _stored(plain) == _stored(mapped)
     mapped.sync()
     reference = _reference(mapped, tmp_path / "at_sync")

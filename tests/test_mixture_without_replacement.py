@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import EPSILON, assert_refused, make_episode
+from segmented_buffers import distinct_draws_on_every_engine, segmented_buffer
 from stats import ACCEPT, REJECT, chi_square_pvalue
 
 from lucid_replay import (
-    Episode,
     InvalidArgumentError,
     Mixture,
     Prioritized,
@@ -22,7 +22,6 @@ from lucid_replay import (
     Recency,
     Uniform,
     Window,
-    engine,
 )
 
 LENGTHS = [3, 2, 4, 2]  # anchors 2, 1, 3, 1
@@ -226,21 +225,9 @@ def test_a_spent_component_is_never_picked_again(unit, draws):
     _check(_count(draw, draws), exact, [wrong])
 
 
-def _segmented(unit: str, seed: int = 9) -> PrioritizedSequenceReplay:
-    """Segments of 3 steps: an open episode whose head was evicted, closed episodes, distinct
-    priorities, drawn by `MIXTURE`."""
-    buffer = PrioritizedSequenceReplay(
-        20, alpha=ALPHA, segment_length=3, seed=seed, unit=unit, selector=MIXTURE
-    )
-    stream = buffer.open_episode()
-    stream.append({"x": torch.arange(7)})
-    for length in (4, 5):
-        buffer.add(Episode({"x": torch.arange(length)}))
-    stream.append({"x": torch.arange(7, 13)})  # evicts heads: its own and others'
-    ids = list(buffer.episode_ids)
-    buffer.update_priorities(ids, np.linspace(0.5, 4.0, len(ids)))
-    assert buffer.episode_info(0).first_step > 0 and buffer.open_episode_ids == [0]
-    return buffer
+def _segmented(unit: str) -> PrioritizedSequenceReplay:
+    """`segmented_buffer`, drawn by `MIXTURE`."""
+    return segmented_buffer(unit, ALPHA, selector=MIXTURE)
 
 
 @pytest.mark.statistical
@@ -356,26 +343,10 @@ def test_a_batch_beyond_the_eligible_anchors_is_refused_and_changes_nothing(unit
 def test_engines_draw_the_same_batches():
     """The compiled loops, numpy views and tensors draw the same distinct anchors by a
     mixture: both units, a reuse limit, segments, and batches that need several rounds."""
-    drawn = []
-    for name in engine.ENGINES:
-        if name == "kernels" and not engine.available():
-            continue
-        with engine.use(name):
-            batches = []
-            for unit in ("chunk", "episode"):
-                buffers = (_buffer(unit), _segmented(unit), _buffer(unit, max_times_sampled=3))
-                for buffer in buffers:
-                    window = Window(2, burn_in=1, bootstrap=2) if buffer.segment_length else WINDOW
-                    for size in (1, 2, 3):
-                        batch = buffer.sample_windows(size, window, replacement=False)
-                        batches.append((batch.episode_ids, batch.anchor_steps, batch.weights))
-                        batches.append((batch.probabilities,))
-            drawn.append(batches)
-    assert len(drawn) >= 2
-    for other in drawn[1:]:
-        for ours, theirs in zip(drawn[0], other, strict=True):
-            for a, b in zip(ours, theirs, strict=True):
-                assert torch.equal(a, b)
+    distinct_draws_on_every_engine(
+        lambda unit: [_buffer(unit), _segmented(unit), _buffer(unit, max_times_sampled=3)],
+        WINDOW,
+    )
 
 
 def test_sample_prioritized_and_iterate_draw_distinct_by_a_mixture():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import assert_refused, make_episode
 from hypothesis import HealthCheck, given, settings
+from segmented_buffers import distinct_draws_on_every_engine, segmented_buffer
 from stats import ACCEPT, REJECT, chi_square_pvalue
 
 from lucid_replay import (
@@ -21,7 +22,6 @@ from lucid_replay import (
     SequenceReplay,
     Uniform,
     Window,
-    engine,
 )
 
 LENGTHS = [3, 6, 2, 4]
@@ -41,18 +41,7 @@ def _buffer(unit: str, selector=None, **kwargs: object) -> PrioritizedSequenceRe
 
 
 def _segmented(unit: str) -> PrioritizedSequenceReplay:
-    """Segments of 3 steps: an open episode whose head was evicted, closed episodes, distinct
-    priorities."""
-    buffer = PrioritizedSequenceReplay(20, alpha=ALPHA, segment_length=3, seed=9, unit=unit)
-    stream = buffer.open_episode()
-    stream.append({"x": torch.arange(7)})
-    for length in (4, 5):
-        buffer.add(Episode({"x": torch.arange(length)}))
-    stream.append({"x": torch.arange(7, 13)})  # evicts heads: its own and others'
-    ids = list(buffer.episode_ids)
-    buffer.update_priorities(ids, np.linspace(0.5, 4.0, len(ids)))
-    assert buffer.episode_info(0).first_step > 0 and buffer.open_episode_ids == [0]
-    return buffer
+    return segmented_buffer(unit, ALPHA)
 
 
 def _law(buffer: SequenceReplay, window: Window, prioritized: bool) -> dict:
@@ -334,24 +323,10 @@ def test_iterate_draws_without_replacement_batch_by_batch():
 
 def test_engines_draw_the_same_batches():
     """The compiled loops, numpy views and tensors draw the same distinct anchors."""
-    drawn = []
-    for name in engine.ENGINES:
-        if name == "kernels" and not engine.available():
-            continue
-        with engine.use(name):
-            batches = []
-            for unit in ("chunk", "episode"):
-                for buffer in (_buffer(unit), _segmented(unit), _buffer(unit, max_times_sampled=3)):
-                    window = Window(2, burn_in=1, bootstrap=2) if buffer.segment_length else WINDOW
-                    for size in (1, 2, 3):
-                        batch = buffer.sample_windows(size, window, replacement=False)
-                        batches.append((batch.episode_ids, batch.anchor_steps, batch.weights))
-            drawn.append(batches)
-    assert len(drawn) >= 2
-    for other in drawn[1:]:
-        for ours, theirs in zip(drawn[0], other, strict=True):
-            for a, b in zip(ours, theirs, strict=True):
-                assert torch.equal(a, b)
+    distinct_draws_on_every_engine(
+        lambda unit: [_buffer(unit), _segmented(unit), _buffer(unit, max_times_sampled=3)],
+        WINDOW,
+    )
 
 
 def test_a_large_episode_drawn_whole_takes_few_rounds():
