@@ -8,11 +8,11 @@ the window back at most to the first stored step, and a record at the last step 
 terminated episode is terminal. Each record then finds the segment holding its step by
 walking the episode's chain of segments from the anchor's (a window of ``S`` steps crosses
 at most ``S / segment_length + 1`` seams). The gather reads a window as runs: with
-``dilation == 1`` the compiled expansion lists them (the steps of one segment, or records
-clamped to one step; `ring_copies.copy_runs` copies them), elsewhere the records of the
-anchor's segment, and of segments committed back to back with it (``add`` and a lone stream
-commit them so: their ``base`` is the anchor's), are one run and the others are read one by
-one (`Records.exact`).
+``dilation == 1`` the compiled expansion lists them (the steps of segments committed back
+to back, or records clamped to one step; `ring_copies.copy_runs` copies them), elsewhere
+the records of the anchor's segment, and of segments committed back to back with it
+(``add`` and a lone stream commit them so: their ``base`` is the anchor's), are one run and
+the others are read one by one (`Records.exact`).
 """
 
 from __future__ import annotations
@@ -299,7 +299,7 @@ def expand_segments_loop(
 
     Also lists each window's records as runs for the gather (`ring_copies.copy_runs`):
     columns of ``runs`` (global offset, first record, end record, kind 1: consecutive
-    steps of one segment, kind 0: records clamped to one step), their window in
+    steps of segments committed back to back, kind 0: records clamped to one step), their window in
     ``run_windows``, and the run count in ``run_windows[-1]``. Only consecutive steps
     (``dilation == 1``) make runs longer than one record; the caller uses the list then.
     ``learning`` and ``sequence`` (unless they have no rows) receive the window's learning
@@ -423,9 +423,10 @@ def _list_runs(
     """Append window ``b``'s runs (dilation 1) to ``runs``; returns the new run count.
 
     The records clamped before the episode repeat its first stored step (kind 0), the valid
-    ones are consecutive steps of one segment each (kind 1: a new run at each seam), the
-    records clamped after it repeat its last step (kind 0). Segments are found by walking
-    the episode's chain from the anchor's ``row``: a few hops, no per-record work.
+    ones are consecutive steps of segments committed back to back (kind 1: a new run at
+    each seam into a segment stored elsewhere in the ring), the records clamped after it
+    repeat its last step (kind 0). Segments are found by walking the episode's chain from
+    the anchor's ``row``: a few hops, no per-record work.
     """
     bounds = (0, first_valid, final_valid + 1, size)
     current = row
@@ -438,8 +439,16 @@ def _list_runs(
             while step >= first_step[current] + length[current]:
                 current = next_key[current] & row_mask
             stop = end
-            if part == 1:  # up to the last step of this segment
-                stop = min(end, first_step[current] + length[current] - first_target)
+            if part == 1:  # up to the last step of this segment, or of the last one after
+                # it committed back to back (the same base: its records follow in the ring)
+                high = first_step[current] + length[current]
+                while high - first_target < end:
+                    following = next_key[current] & row_mask
+                    if base[following] != base[current]:
+                        break
+                    current = following
+                    high = first_step[current] + length[current]
+                stop = min(end, high - first_target)
             runs[0, count], runs[1, count] = base[current] + step, begin
             runs[2, count], runs[3, count] = stop, 1 if part == 1 else 0
             run_windows[count] = b

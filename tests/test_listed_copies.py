@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from lucid_replay import Episode, SequenceReplay, Window, engine
+from lucid_replay import Episode, SequenceReplay, Window, engine, seams
 
 pytest.importorskip("numba", reason="the listed runs are the compiled path's")
 listed_copies = pytest.importorskip("lucid_replay.listed_copies")
@@ -116,3 +116,36 @@ def test_a_call_listing_some_rows_leaves_the_others_alone():
     listed_copies.copy_listed(fields, addresses, row_bytes, split, out, 20, listed, 40, 0)
     assert torch.equal(out["obs"][1], store[3:23])
     assert bool((out["obs"][[0, 2]] == -1).all())
+
+
+@pytest.mark.skipif(not engine.available(), reason="needs numba")
+def test_segments_committed_back_to_back_are_listed_as_one_run_and_interleaved_ones_split():
+    """A window across seams of an episode stored by ``add`` reads one run, as on a
+    whole-episode buffer; across seams into segments stored elsewhere, a run per segment."""
+    adjacent = SequenceReplay(capacity=4000, segment_length=16)
+    adjacent.add(Episode({"obs": torch.arange(200.0)}))
+    interleaved = SequenceReplay(capacity=4000, segment_length=16)
+    streams = [interleaved.open_episode() for _ in range(2)]
+    for piece in range(0, 200, 16):  # the two streams' segments alternate in the ring
+        for stream in streams:
+            stream.append({"obs": torch.arange(piece, piece + 16.0)})
+    for stream in streams:
+        stream.close(terminated=True)
+    anchors = torch.arange(20, 170, 10)  # windows of 34 records: two or three seams each
+    for buffer, runs_per_window in ((adjacent, 1), (interleaved, None)):
+        store = buffer._core.store
+        first_id = buffer.episode_ids[0]
+        found = store.anchors(torch.full_like(anchors, first_id), anchors)
+        records = seams.expand_segments(store.table, found, WINDOW.size, 8, 1, None)
+        assert records.runs is not None
+        listed, windows, count = records.runs
+        per_window = np.bincount(windows[:count], minlength=len(anchors))
+        if runs_per_window is not None:
+            assert per_window.tolist() == [1] * len(anchors)
+            assert listed[3, :count].tolist() == [1] * count  # consecutive steps, no clamps
+        else:  # a run from each segment the window reads
+            reads = (anchors[:, None] + torch.arange(-8, 26)) // 16
+            assert per_window.tolist() == [len(set(r.tolist())) for r in reads]
+        batch = buffer.gather_windows(torch.full_like(anchors, first_id), anchors, WINDOW)
+        expected = (anchors[:, None] + torch.arange(-8, 26)).float()
+        assert torch.equal(batch["obs"], expected)
