@@ -274,11 +274,11 @@ def test_a_draw_beyond_the_global_reuse_limit_draws_nothing_anywhere():
     replay.extend(make_episode(4) for _ in range(3))
     replay.sample_windows(2, Window(3))
     before = [snapshot(_buffer(replay, k)) for k in range(2)]
-    rng = replay._rng.bit_generator.state
+    rng = replay._state.rng.bit_generator.state
     with pytest.raises(ReuseLimitError, match=r"draws left .* \(1\), got 2"):
         replay.sample_windows(2, Window(3))
     assert [snapshot(_buffer(replay, k)) for k in range(2)] == before
-    assert replay._rng.bit_generator.state == rng
+    assert replay._state.rng.bit_generator.state == rng
     assert replay.sample_windows(1, Window(3)).batch_size == 1
 
 

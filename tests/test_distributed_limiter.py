@@ -171,11 +171,11 @@ def test_a_timed_out_sample_or_add_changes_nothing():
     replay.add(make_episode(8))
     shard_state = snapshot(replay._shards[0].target.buffer)
     limiter = replay.stats()["limiter"]
-    rng = replay._rng.bit_generator.state
+    rng = replay._state.rng.bit_generator.state
     with pytest.raises(RateLimiterTimeout, match="sample of 4"):
         replay.sample_windows(4, Window(2), timeout=0.05)
     assert isinstance(RateLimiterTimeout("x"), TimeoutError)
-    assert replay.stats()["limiter"] == limiter and replay._rng.bit_generator.state == rng
+    assert replay.stats()["limiter"] == limiter and replay._state.rng.bit_generator.state == rng
     assert snapshot(replay._shards[0].target.buffer) == shard_state
     replay.extend(make_episode(8) for _ in range(2))
     assert replay.sample_windows(4, Window(2), timeout=0).batch_size == 4

@@ -111,7 +111,7 @@ def test_a_refused_stream_draw_keeps_the_queued_updates(refusal) -> None:
     replay = _replay("shared", selector=Mixture({Prioritized(): 0.5, Uniform(): 0.5}))
     batch = replay.sample_windows(16, WINDOW)
     replay.update_priorities(batch.episode_ids, np.full(16, 2.0), defer=True)
-    queued = [[ids.tolist() for ids, _ in queue] for queue in replay._deferred]
+    queued = [[ids.tolist() for ids, _ in queue] for queue in replay._state.deferred]
     assert any(queued)
     spec = draw.window_spec(16, WINDOW, None, replay._law, replay.alpha)
     empty = refusal == "empty"
@@ -121,4 +121,4 @@ def test_a_refused_stream_draw_keeps_the_queued_updates(refusal) -> None:
               "updated": []}  # fmt: skip
     with pytest.raises(ValueError, match="non-empty to sample" if empty else "draws left"):
         coordination.begin(replay, spec, None, stream=True, infos=[report] * 3)
-    assert [[ids.tolist() for ids, _ in queue] for queue in replay._deferred] == queued
+    assert [[ids.tolist() for ids, _ in queue] for queue in replay._state.deferred] == queued

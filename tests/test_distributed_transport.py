@@ -270,7 +270,7 @@ def test_refused_deferred_update_queues_nothing():
         replay.update_priorities(ids, [1.0, float("nan"), 1.0, 1.0], defer=True)
     with pytest.raises(InvalidArgumentError, match="indices"):
         replay.update_priorities([10**12], [1.0], defer=True)
-    assert not any(replay._deferred)
+    assert not any(replay._state.deferred)
     with pytest.raises(TypeError, match="defer"):
         replay.update_priorities(ids, [1.0] * 4, defer=1)
     replay.close()
@@ -281,7 +281,7 @@ def test_transport_is_saved_and_loaded(tmp_path):
     replay.extend(_episodes(0, 6))
     replay.update_priorities(replay.sample_windows(4, WINDOW).episode_ids, [2.0] * 4, defer=True)
     replay.save(tmp_path / "saved")  # flushes the deferred update first
-    assert not any(replay._deferred)
+    assert not any(replay._state.deferred)
     expected = replay.sample_windows(6, WINDOW)
     loaded = ShardedReplay.load(tmp_path / "saved")
     assert loaded._config["transport"] == "object" and loaded._config["torn"] == "invalid"

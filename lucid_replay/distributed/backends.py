@@ -154,9 +154,7 @@ def pickled(backend: str, state: dict[str, Any]) -> dict[str, Any]:
         )
     dropped = (
         "_lock",
-        "_rng",
         "_mapped",
-        "_deferred",
         "_resolved",
         "_transport_stats",
         "_blocks",

@@ -35,6 +35,7 @@ import torch
 import lucid_replay.distributed.manifest as manifest_checks
 from lucid_replay import checkpoint, files, saving
 from lucid_replay.distributed.calls import get
+from lucid_replay.distributed.client_state import Client
 from lucid_replay.errors import CheckpointError
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 
@@ -264,16 +265,12 @@ def _remove(directory: str, names: list[str]) -> None:
             (Path(directory) / name).unlink(missing_ok=True)
 
 
-def adopt(replay: Any, manifest: dict[str, Any]) -> None:
+def adopt(replay: Client, manifest: dict[str, Any]) -> None:
     """Give a freshly started client the coordinator state of ``manifest``."""
-    replay._rng.bit_generator.state = manifest["rng"]
-    replay._beta = float(manifest["beta"])
-    replay._cursor = int(manifest["cursor"])
-    replay._global_max = float(manifest["max_priority"])
-    replay._skipped = int(manifest["priority_updates_skipped"])
+    replay._state.adopt(manifest)
 
 
-def save_replay(replay: Any, directory: str | os.PathLike[str]) -> None:
+def save_replay(replay: Client, directory: str | os.PathLike[str]) -> None:
     """A new generation's shard files, then the manifest (the commit), then cleanup."""
     path = os.path.abspath(os.fspath(directory))
     os.makedirs(path, exist_ok=True)
@@ -297,11 +294,7 @@ def save_replay(replay: Any, directory: str | os.PathLike[str]) -> None:
                 "shards": entries,
                 "config": replay._config,
                 "control": get(replay._control.state.remote()),
-                "rng": replay._rng.bit_generator.state,
-                "beta": replay._beta,
-                "cursor": replay._cursor,
-                "max_priority": replay._global_max,
-                "priority_updates_skipped": replay._skipped,
+                **replay._state.saved(),
             },
         )
     except BaseException:

@@ -21,6 +21,7 @@ import lucid_replay.distributed.settings as settings
 from lucid_replay.batch import Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.checks import check_device, check_prefetch
+from lucid_replay.distributed.client_state import ClientState
 from lucid_replay.distributed.client_transport import ClientTransport
 from lucid_replay.distributed.control import summary
 from lucid_replay.distributed.episode_streams import ShardedStreams
@@ -31,7 +32,6 @@ from lucid_replay.distributed.stream import BatchStream
 from lucid_replay.episode import Episode
 from lucid_replay.fields import Field
 from lucid_replay.laws import Uniform
-from lucid_replay.schema import Schema
 from lucid_replay.selectors import AnySelector
 from lucid_replay.window import Window
 
@@ -92,15 +92,9 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ClientTransport
         self._config = config
         self._shards = shards
         self._control = control
-        self._beta = float(config["beta"])
-        self._rng = np.random.default_rng(settings.coordinator_seed(config["seed"]))
+        rng = np.random.default_rng(settings.coordinator_seed(config["seed"]))
+        self._state = ClientState(rng, float(config["beta"]), len(shards))
         self._law = options.law_of(config)
-        self._cursor = 0
-        self._issued: list[Any] = [None] * len(shards)  # marks: see routing.check_issued
-        self._issued_segments: list[Any] = [None] * len(shards)
-        self._schema: Schema | None = None
-        self._global_max = 1.0
-        self._skipped = 0
         self._closed = False
         self._lock = threading.RLock()
         self._init_transport(root)
@@ -331,7 +325,7 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ClientTransport
     @property
     def beta(self) -> float:
         """Current importance-sampling exponent."""
-        return self._beta
+        return self._state.beta
 
     @property
     def rate_limiter(self) -> RateLimiterConfig | None:
@@ -457,7 +451,7 @@ class ShardedReplay(ClientLife, ClientPriorities, ClientReports, ClientTransport
         per_shard = calls.get([s.stats.remote() for s in self._call_handles()])
         shared = calls.get(self._control.state.remote())
         limited = self._config["rate_limiter"] is not None
-        return summary(per_shard, shared, self._skipped, limited=limited)
+        return summary(per_shard, shared, self._state.skipped, limited=limited)
 
     # ---------------------------------------------------------------------- persistence
     def save(self, directory: str | os.PathLike[str]) -> None:

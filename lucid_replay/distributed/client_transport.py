@@ -16,8 +16,9 @@ import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.deferred as deferred
 import lucid_replay.distributed.options as options
 from lucid_replay.batch_memory import Blocks
-from lucid_replay.distributed.gathering import Mapped, TransportStats
+from lucid_replay.distributed.client_state import ClientState, TransportStats, client_of
 from lucid_replay.distributed.lanes import Lane, LaneHandle
+from lucid_replay.distributed.mapped import Mapped
 
 __all__: list[str] = []  # internal module
 
@@ -31,19 +32,14 @@ class ClientTransport:
     _root: str | None
     _resolved: str | None
     _mapped: dict[int, Mapped]
-    _deferred: list[Any]
     _transport_stats: TransportStats
+    _state: ClientState
     _blocks: Blocks
 
     def _init_transport(self, root: str | None) -> None:
         self._root = root
         self._resolved = None
         self._mapped = {}
-        self._deferred = [[] for _ in self._shards]
-        # Counts this client's calls that may change the shards' masses (adds, undeferred
-        # updates, draws other than a stream's): a stream reuses the masses its last draw
-        # reported only while this is unchanged (`coordination.begin`).
-        self._changes = 0
         self._transport_stats = TransportStats()
         self._blocks = Blocks()  # the memory of gathered batches, reused once unreferenced
         self._lanes: list[Lane | None] = [None] * len(self._shards)
@@ -118,8 +114,8 @@ class ClientTransport:
 
     def _flush_updates(self) -> None:
         """Send the priority updates queued with ``defer=True`` now."""
-        if any(self._deferred):
-            deferred.flush(self)
+        if any(self._state.deferred):
+            deferred.flush(client_of(self))
 
     def _release_shared(self) -> None:
         """Forget the mappings; remove the shared files of ``storage="memory"`` shards."""

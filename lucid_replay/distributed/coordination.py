@@ -21,13 +21,14 @@ import lucid_replay.distributed.draw as draw
 import lucid_replay.distributed.gathering as gathering
 import lucid_replay.distributed.transport as transport
 from lucid_replay.batch import Batch, WindowBatch
+from lucid_replay.distributed.client_state import Client
 from lucid_replay.errors import RateLimiterTimeout
 
 __all__: list[str] = []  # internal module
 
 
 def begin(
-    replay: Any,
+    replay: Client,
     spec: draw.Spec,
     timeout: float | None,
     optional: bool = False,
@@ -49,7 +50,7 @@ def begin(
     try:
         with replay._lock:
             if not stream:
-                replay._changes += 1  # the masses a stream read may have changed
+                replay._state.changes += 1  # the masses a stream read may have changed
             shards, window = replay._draw_handles(), spec.window
             laws, _ = draw.plan(spec.law, len(shards))
             queued = deferred.take(replay)  # priority updates ride this request
@@ -66,7 +67,14 @@ def begin(
             try:  # a refusal sends nothing: the updates wait for the next request
                 draw.check(infos, spec, limit)
                 pending = draw.start(
-                    shards, replay._rng, spec, masses, limit, located, report=stream, riding=riding
+                    shards,
+                    replay._state.rng,
+                    spec,
+                    masses,
+                    limit,
+                    located,
+                    report=stream,
+                    riding=riding,
                 )
             except BaseException:
                 _requeue(replay, riding)
@@ -74,7 +82,7 @@ def begin(
             _requeue(replay, [pending.unsent.get(k) for k in range(len(shards))])
             # Replaced by the reports after the draw; their updates were settled already.
             pending.infos = {k: {**info, "updated": []} for k, info in enumerate(infos)}
-            pending.changes = replay._changes
+            pending.changes = replay._state.changes
             pending.exponent = replay.alpha * replay.beta  # weights as of the start
             pending.beta = replay.beta
             pending.seconds = time.perf_counter() - started
@@ -86,22 +94,22 @@ def begin(
         raise
 
 
-def _requeue(replay: Any, riding: list[Any] | None) -> None:
+def _requeue(replay: Client, riding: list[Any] | None) -> None:
     """Put back, ahead of what was queued since, the updates no draw call carried."""
     if riding is None:
         return
     for k, queued in enumerate(riding):
         if queued:
-            replay._deferred[k] = [*queued, *replay._deferred[k]]
+            replay._state.deferred[k] = [*queued, *replay._state.deferred[k]]
 
 
-def finished(replay: Any, pending: draw.Pending, then: Any = None) -> None:
+def finished(replay: Client, pending: draw.Pending, then: Any = None) -> None:
     """Collect a started draw's replies; a stream's updates settled, ``then(pending)`` called.
 
     ``then`` runs before the batch is put together: a stream starts its next draw there.
     """
     with replay._lock:
-        draw.finish(replay._draw_handles(), replay._rng, pending, calls.get)
+        draw.finish(replay._draw_handles(), replay._state.rng, pending, calls.get)
         if pending.report:
             deferred.settle(replay, list(pending.infos.values()))
     if then is not None:
@@ -109,7 +117,7 @@ def finished(replay: Any, pending: draw.Pending, then: Any = None) -> None:
 
 
 def complete(
-    replay: Any, pending: draw.Pending, target: torch.device, then: Any = None
+    replay: Client, pending: draw.Pending, target: torch.device, then: Any = None
 ) -> Batch | WindowBatch:
     """The merged batch of a started draw, on ``target`` (`finished` first, with ``then``).
 
@@ -145,7 +153,7 @@ def complete(
 
 
 def acquire(
-    replay: Any, n: int, *, inserting: bool, timeout: float | None, quiet: bool = False
+    replay: Client, n: int, *, inserting: bool, timeout: float | None, quiet: bool = False
 ) -> bool:
     """Wait until the limiter admits ``n`` inserts or counts ``n`` samples.
 
@@ -153,7 +161,7 @@ def acquire(
     Raises `RateLimiterTimeout` after ``timeout`` seconds (``quiet``: returns False).
     """
     if inserting:
-        replay._changes += 1  # stored episodes change the masses a stream read
+        replay._state.changes += 1  # stored episodes change the masses a stream read
     if replay._config["rate_limiter"] is None:
         return True
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -171,20 +179,20 @@ def acquire(
             )
 
 
-def settle(replay: Any, stored: int, refused: int) -> None:
+def settle(replay: Client, stored: int, refused: int) -> None:
     """An admitted insert's outcome: ``stored`` transitions count now, ``refused`` never."""
     if replay._config["rate_limiter"] is not None:
         calls.get(replay._control.commit_insert.remote(stored, refused))
 
 
-def release(replay: Any, samples: int) -> None:
+def release(replay: Client, samples: int) -> None:
     """Give back the samples a refused draw took from the limiter."""
     if replay._config["rate_limiter"] is not None:
         calls.get(replay._control.release.remote(samples))
 
 
 def draw_batch(
-    replay: Any, spec: draw.Spec, target: torch.device, timeout: float | None
+    replay: Client, spec: draw.Spec, target: torch.device, timeout: float | None
 ) -> Batch | WindowBatch:
     """A whole draw (`begin`, then `complete`)."""
     pending = begin(replay, spec, timeout)

@@ -17,31 +17,30 @@ from typing import Any
 import numpy as np
 
 import lucid_replay.distributed.calls as calls
+from lucid_replay.distributed.client_state import Client, Queued
 
 __all__: list[str] = []  # internal module
 
-Queued = list[tuple[np.ndarray, np.ndarray]]
 
-
-def queue(replay: Any, id_values: np.ndarray, values: np.ndarray, shard_of: np.ndarray) -> int:
+def queue(replay: Client, id_values: np.ndarray, values: np.ndarray, shard_of: np.ndarray) -> int:
     """Queue a checked update per shard; returns how many distinct ids it holds."""
     with replay._lock:
-        queues: list[Queued] = replay._deferred
+        queues: list[Queued] = replay._state.deferred
         for k in np.unique(shard_of).tolist():
             mine = shard_of == k
             queues[k].append((id_values[mine], values[mine]))
     return int(np.unique(id_values).size)
 
 
-def take(replay: Any) -> list[Queued | None]:
+def take(replay: Client) -> list[Queued | None]:
     """Each shard's queued updates (``None``: none), the queues emptied."""
-    queues: list[Queued] = replay._deferred
+    queues: list[Queued] = replay._state.deferred
     taken: list[Queued | None] = [queue or None for queue in queues]
-    replay._deferred = [[] for _ in queues]
+    replay._state.deferred = [[] for _ in queues]
     return taken
 
 
-def settle(replay: Any, infos: list[dict[str, Any]]) -> None:
+def settle(replay: Client, infos: list[dict[str, Any]]) -> None:
     """Account for the updates that rode the requests answered by ``infos``."""
     replies = [reply for info in infos for reply in info.get("updated", ())]
     if replies:
@@ -49,23 +48,23 @@ def settle(replay: Any, infos: list[dict[str, Any]]) -> None:
         settle_replies(replay, replies)
 
 
-def settle_replies(replay: Any, replies: list[Any]) -> int:
+def settle_replies(replay: Client, replies: list[Any]) -> int:
     """Skipped ids counted, the maximum priority made global; returns how many applied."""
     applied = sum(reply[0] for reply in replies)
-    replay._skipped += sum(reply[2] for reply in replies)
+    replay._state.skipped += sum(reply[2] for reply in replies)
     largest = max((reply[1] for reply in replies if reply[1] is not None), default=None)
-    if largest is not None and largest > replay._global_max:
+    if largest is not None and largest > replay._state.global_max:
         # Every shard's new episodes start at the global maximum once this returns.
-        replay._global_max = largest
+        replay._state.global_max = largest
         calls.get([shard.raise_max_priority.remote(largest) for shard in replay._call_handles()])
     return int(applied)
 
 
-def flush(replay: Any) -> None:
+def flush(replay: Client) -> None:
     """Send every queued update now, each shard's in order."""
     with replay._lock:
         queued = take(replay)
-        replay._changes += any(queued)
+        replay._state.changes += any(queued)
         shards = replay._call_handles()
         futures = [
             shards[k].update.remote(ids, errors)

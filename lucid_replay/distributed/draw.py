@@ -96,7 +96,9 @@ class Pending:
     riding: list[Any] | None = None
     infos: dict[int, dict[str, Any]] = attrs.Factory(dict)
     unsent: dict[int, Any] = attrs.Factory(dict)
-    changes: int = 0  # the client's `_changes` when it started: its reports are current while equal
+    changes: int = (
+        0  # the client's `ClientState.changes` at its start: its reports are current while equal
+    )
 
 
 def chunk_spec(batch_size: int, length: int, law: Law | Mixture, weights: bool) -> Spec:

@@ -32,6 +32,7 @@ import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.routing as routing
 import lucid_replay.distributed.settings as settings
 import lucid_replay.distributed.transport as transport
+from lucid_replay.distributed.client_state import Client, ClientState, client_of
 from lucid_replay.episode import Episode
 from lucid_replay.errors import UnknownEpisodeError, must, must_have, wrong_type
 from lucid_replay.streams import EpisodeInfo, PendingSteps
@@ -66,8 +67,10 @@ class ShardedEpisodeStream(PendingSteps):
     >>> replay.close()
     """
 
-    def __init__(self, replay: Any, episode_id: int, handle: int) -> None:
-        super().__init__(int(episode_id), replay.segment_length)  # a global id
+    def __init__(self, replay: Client, episode_id: int, handle: int) -> None:
+        length = replay.segment_length
+        assert length is not None  # `open_episode` refuses a replay without segment_length
+        super().__init__(int(episode_id), length)  # a global id
         self._replay = replay
         self._shard = int(ids.decode(np.asarray([episode_id]))[0][0])
         self._handle = handle
@@ -110,7 +113,7 @@ class ShardedEpisodeStream(PendingSteps):
             else:
                 episode.schema.check_storable()
             host = {name: t.detach().cpu() for name, t in episode.steps.items()}
-            size, count, total = replay.segment_length, self._count, len(episode)
+            size, count, total = self._size, self._count, len(episode)
             full = (count + total) // size * size  # steps committed by this call
             if not full:
                 if schema is None:  # as a single buffer's first append, it fixes the schema
@@ -205,7 +208,7 @@ class ShardedStreams:
     _shards: list[Any]
     _call_handles: Callable[[], list[Any]]  # `ClientTransport._call_handles`
     _lock: Any
-    _cursor: int
+    _state: ClientState
 
     def _check_open(self) -> None:
         raise NotImplementedError  # `ShardedReplay._check_open`
@@ -234,11 +237,11 @@ class ShardedStreams:
         self._check_open()
         self._segmented("open_episode")
         with self._lock:
-            target = self._cursor % len(self._shards)
+            target = self._state.cursor % len(self._shards)
         episode_id, handle = calls.get(self._call_handles()[target].open_episode.remote())
         with self._lock:
-            self._cursor += 1  # only once opened: a refused call routes nothing
-        return ShardedEpisodeStream(self, episode_id, handle)
+            self._state.cursor += 1  # only once opened: a refused call routes nothing
+        return ShardedEpisodeStream(client_of(self), episode_id, handle)
 
     def resume_episode(self, episode_id: int) -> ShardedEpisodeStream:
         """A new stream continuing open episode ``episode_id`` (after `load`, or a restart).
@@ -258,7 +261,7 @@ class ShardedStreams:
         self._segmented("resume_episode")
         number, shard = self._shard_of(episode_id)
         handle = calls.get(self._call_handles()[shard].resume_episode.remote(number))
-        return ShardedEpisodeStream(self, number, handle)
+        return ShardedEpisodeStream(client_of(self), number, handle)
 
     @property
     def open_episode_ids(self) -> list[int]:

@@ -19,11 +19,8 @@ False). Either way the torn windows are counted (`TransportStats`).
 from __future__ import annotations
 
 import math
-import mmap
-import os
 import time
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -38,6 +35,8 @@ import lucid_replay.distributed.transport as transport
 from lucid_replay import engine
 from lucid_replay.batch import PER_RECORD, WindowBatch
 from lucid_replay.batch_memory import Built
+from lucid_replay.distributed.client_state import Client
+from lucid_replay.distributed.mapped import Mapped, dtype_named, key_of
 from lucid_replay.ring import TransitionRing
 from lucid_replay.window import layout
 
@@ -49,109 +48,8 @@ _NO_FIRSTS = np.empty(0, dtype=np.int64)
 _ALIGN = 64  # bytes: each tensor of a batch block starts on a cache line
 
 
-def on_located(replay: Any) -> None:
+def on_located(replay: Client) -> None:
     """Called between the arrival of a draw's locations and the copy (a seam for tests)."""
-
-
-class _Mappings:
-    """An `Allocator` handing out read-only mappings of a shard's field files."""
-
-    def __init__(self, paths: dict[str, str]) -> None:
-        self.paths = paths
-        self.maps: list[mmap.mmap] = []
-
-    def allocate(
-        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        count = math.prod(shape)
-        size = count * torch.empty((), dtype=dtype).element_size()
-        if not size:
-            return torch.empty(shape, dtype=dtype)
-        descriptor = os.open(self.paths[name], os.O_RDONLY)
-        try:
-            mapped = mmap.mmap(descriptor, size, prot=mmap.PROT_READ)
-        finally:
-            os.close(descriptor)
-        self.maps.append(mapped)
-        with warnings.catch_warnings():  # read-only by design: nothing writes through it
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.frombuffer(mapped, dtype=dtype, count=count).view(shape)
-
-
-class Mapped:
-    """One shard's fields mapped read-only (as a `TransitionRing`), and its published header."""
-
-    def __init__(self, descriptor: dict[str, Any]) -> None:
-        fields = descriptor["fields"]
-        self.key = key_of(descriptor)
-        self.allocator = _Mappings({name: spec[0] for name, spec in fields.items()})
-        schema = {name: (tuple(spec[1]), _dtype(spec[2])) for name, spec in fields.items()}
-        self.ring = TransitionRing(descriptor["capacity"], _CPU, self.allocator)
-        self.ring.allocate(schema)
-        header = os.open(descriptor["header"], os.O_RDONLY)
-        try:
-            self._header_map = mmap.mmap(header, 64, prot=mmap.PROT_READ)
-        finally:
-            os.close(header)
-        self.header = np.frombuffer(self._header_map, dtype=np.int64, count=2)
-
-    def published(self) -> tuple[int, int]:
-        """``(head, epoch)`` as the shard published them now."""
-        return int(self.header[0]), int(self.header[1])
-
-
-def key_of(descriptor: dict[str, Any]) -> tuple[Any, ...]:
-    """What identifies a shard's mapped storage (new files after a restart or a load)."""
-    fields = descriptor["fields"]
-    return (descriptor["header"], *sorted((name, spec[0]) for name, spec in fields.items()))
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."))
-    assert isinstance(dtype, torch.dtype)
-    return dtype
-
-
-@attrs.define
-class TransportStats:
-    """Cumulative and last values of a client's transport (see `ShardedReplay.transport_stats`)."""
-
-    transport: str = "object"
-    batches: int = 0
-    bytes_copied: int = 0
-    bytes_copied_last: int = 0
-    batch_bytes_last: int = 0
-    draw_seconds: float = 0.0
-    draw_seconds_last: float = 0.0
-    gather_seconds: float = 0.0
-    gather_seconds_last: float = 0.0
-    torn_reads: int = 0
-    torn_reads_last: int = 0
-    windows_redrawn: int = 0
-    windows_invalidated: int = 0
-    updates_ridden: int = 0
-
-    def note(self, copied: int, size: int, drawing: float, gathering: float, torn: int) -> None:
-        """One batch: bytes copied, its bytes, seconds drawing and gathering, torn windows."""
-        self.batches += 1
-        self.bytes_copied += copied
-        self.bytes_copied_last, self.batch_bytes_last = copied, size
-        self.draw_seconds += drawing
-        self.draw_seconds_last = drawing
-        self.gather_seconds += gathering
-        self.gather_seconds_last = gathering
-        self.torn_reads += torn
-        self.torn_reads_last = torn
-
-    def report(self) -> dict[str, Any]:
-        """The values as a dict, with the means over every batch."""
-        count = max(self.batches, 1)
-        values = attrs.asdict(self)
-        values["bytes_copied_mean"] = self.bytes_copied / count
-        values["copy_ratio_last"] = self.bytes_copied_last / max(self.batch_bytes_last, 1)
-        values["draw_seconds_mean"] = self.draw_seconds / count
-        values["gather_seconds_mean"] = self.gather_seconds / count
-        return values
 
 
 def batch_bytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -160,7 +58,7 @@ def batch_bytes(tensors: dict[str, torch.Tensor]) -> int:
 
 
 def complete(
-    replay: Any, pending: draw.Pending, target: torch.device, begin: Callable[..., Any]
+    replay: Client, pending: draw.Pending, target: torch.device, begin: Callable[..., Any]
 ) -> WindowBatch:
     """The batch of a located draw whose replies are in, gathered here.
 
@@ -179,7 +77,7 @@ def complete(
     while torn.size and replay._config["torn"] == "redraw" and rounds < REDRAWS:
         again = begin(replay, attrs.evolve(spec, batch_size=int(torn.size)), None)
         with replay._lock:
-            draw.finish(replay._draw_handles(), replay._rng, again, calls.get)
+            draw.finish(replay._draw_handles(), replay._state.rng, again, calls.get)
         _expand(again)
         replay._transport_stats.windows_redrawn += int(torn.size)
         pending.destinations += [torn[rows] for rows in again.destinations]
@@ -218,7 +116,7 @@ def _expand(pending: draw.Pending) -> None:
 
 
 def _allocate(
-    replay: Any, piece: dict[str, Any], size: int, width: int, pin: bool
+    replay: Client, piece: dict[str, Any], size: int, width: int, pin: bool
 ) -> dict[str, torch.Tensor]:
     """Empty batch tensors: the fields (``data.<name>``), then the per-record entries.
 
@@ -232,7 +130,7 @@ def _allocate(
     shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     for name, (_, shape, dtype) in fields.items():
         stack = (frames[name],) if frames[name] else ()
-        shapes[f"data.{name}"] = ((size, width, *stack, *shape), _dtype(dtype))
+        shapes[f"data.{name}"] = ((size, width, *stack, *shape), dtype_named(dtype))
     for key, values in piece["meta"].items():
         dtype = torch.from_numpy(np.empty(0, dtype=values.dtype)).dtype
         shapes[key] = ((size, *values.shape[1:]), dtype)
@@ -263,7 +161,7 @@ def _allocate(
 
 
 def _fill(
-    replay: Any,
+    replay: Client,
     pending: draw.Pending,
     tensors: dict[str, torch.Tensor],
     positions: np.ndarray,
@@ -293,7 +191,7 @@ def _fill(
     return np.concatenate(torn) if torn else np.empty(0, dtype=np.int64)
 
 
-def _mapping(replay: Any, piece: dict[str, Any]) -> Mapped:
+def _mapping(replay: Client, piece: dict[str, Any]) -> Mapped:
     """The client's mapping of the piece's shard, (re)mapped when its files changed."""
     descriptor = piece["descriptor"]
     mapped: Mapped | None = replay._mapped.get(piece["shard"])

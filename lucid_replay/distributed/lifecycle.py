@@ -6,7 +6,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 import lucid_replay.distributed.backends as backends
@@ -14,6 +13,7 @@ import lucid_replay.distributed.calls as calls
 import lucid_replay.distributed.routing as routing
 from lucid_replay.batch import Batch, WindowBatch
 from lucid_replay.checks import check_bool
+from lucid_replay.distributed.client_state import ClientState, client_of
 from lucid_replay.errors import must
 from lucid_replay.priorities import annealed_beta
 
@@ -27,6 +27,7 @@ class ClientLife:
     _config: dict[str, Any]
     _shards: list[Any]
     _control: Any
+    _state: ClientState
 
     def close(self) -> None:
         """Stop the shards (Ray actors end); the client refuses calls afterwards."""
@@ -52,15 +53,13 @@ class ClientLife:
 
     # ------------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict[str, Any]:
-        return backends.pickled(self._config["backend"], self.__dict__)
+        state = backends.pickled(self._config["backend"], self.__dict__)
+        return {**state, "_state": self._state.for_copy()}  # no generator state, no queues
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
-        self._rng = np.random.default_rng()  # a copy draws its own labels
-        self._cursor = int(self._rng.integers(self._config["num_shards"]))
-        self._issued = [None] * len(self._shards)
-        self._issued_segments = [None] * len(self._shards)
+        self._state = self._state.for_copy()  # a copy draws its own labels
         self._init_transport(None)  # type: ignore[attr-defined]  # resolved again here
 
 
@@ -70,7 +69,7 @@ class ClientPriorities:
     _config: dict[str, Any]
     _shards: list[Any]
     _call_handles: Callable[[], list[Any]]  # `ClientTransport._call_handles`
-    _beta: float
+    _state: ClientState
     epsilon: float
 
     def _check_open(self) -> None:
@@ -98,8 +97,8 @@ class ClientPriorities:
         """
         self._check_open()
         if check_bool("defer", defer):
-            return routing.defer_update(self, indices, errors)
-        return routing.update(self, indices, errors)
+            return routing.defer_update(client_of(self), indices, errors)
+        return routing.update(client_of(self), indices, errors)
 
     def update_priorities_from(
         self,
@@ -118,7 +117,7 @@ class ClientPriorities:
         """
         self._check_open()
         defer = check_bool("defer", defer)
-        return routing.from_batch(self, batch, errors, eta=eta, mask=mask, defer=defer)
+        return routing.from_batch(client_of(self), batch, errors, eta=eta, mask=mask, defer=defer)
 
     def write_back(self, batch: Batch | WindowBatch, name: str, values: torch.Tensor) -> int:
         """Write per-record ``values`` ``[B, W, ...]`` into stored field ``name``, per shard.
@@ -127,11 +126,11 @@ class ClientPriorities:
         evicted or lost since the draw are skipped. Returns how many records were written.
         """
         self._check_open()
-        return routing.write_back(self, batch, name, values)
+        return routing.write_back(client_of(self), batch, name, values)
 
     def anneal_beta(self, fraction: float, final: float = 1.0) -> None:
         """``beta = beta0 + fraction * (final - beta0)`` on the client and every shard."""
         beta = annealed_beta(self._config["beta"], fraction, final)  # checks both first
         self._check_open()
         calls.get([s.anneal_beta.remote(fraction, final) for s in self._call_handles()])
-        self._beta = beta
+        self._state.beta = beta

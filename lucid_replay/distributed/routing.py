@@ -33,6 +33,7 @@ import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.transport as transport
 from lucid_replay.batch import record_positions
 from lucid_replay.checks import as_vector
+from lucid_replay.distributed.client_state import Client, Mark
 from lucid_replay.errors import must, wrong_kind
 from lucid_replay.priorities import batch_errors, priorities_of
 from lucid_replay.schema import Schema
@@ -40,16 +41,13 @@ from lucid_replay.store import check_episode
 
 __all__: list[str] = []  # internal module
 
-# Incarnation, next local id, starts of every incarnation, [first, end) of each replaced one.
-Mark = tuple[int, int, list[int], list[list[int]]]
 
-
-def update(replay: Any, indices: Any, errors: Any) -> int:
+def update(replay: Client, indices: Any, errors: Any) -> int:
     """`ShardedReplay.update_priorities` (updates deferred before it are applied first)."""
     with replay._lock:  # one update at a time: marks, counters and the maximum
         id_values, values, shard_of = checked_update(replay, indices, errors)
         deferred.flush(replay)
-        replay._changes += 1
+        replay._state.changes += 1
         shards = replay._call_handles()
         futures = [
             shards[k].update.remote(id_values[shard_of == k], values[shard_of == k])
@@ -58,7 +56,7 @@ def update(replay: Any, indices: Any, errors: Any) -> int:
         return deferred.settle_replies(replay, calls.get(futures))
 
 
-def checked_update(replay: Any, indices: Any, errors: Any) -> tuple[Any, Any, np.ndarray]:
+def checked_update(replay: Client, indices: Any, errors: Any) -> tuple[Any, Any, np.ndarray]:
     """An update's ids and errors as numpy arrays, checked, and each id's shard."""
     cpu = torch.device("cpu")
     id_values = as_vector("indices", indices, torch.int64, cpu).numpy()
@@ -70,12 +68,12 @@ def checked_update(replay: Any, indices: Any, errors: Any) -> tuple[Any, Any, np
     return id_values, values, shard_of
 
 
-def check_issued(replay: Any, global_ids: np.ndarray, *, segments: bool = False) -> np.ndarray:
+def check_issued(replay: Client, global_ids: np.ndarray, *, segments: bool = False) -> np.ndarray:
     """Each id's shard, after refusing any id no shard has issued (marks refreshed once).
 
     ``segments``: the ids are segment ids (checked against the shards' segment marks).
     """
-    marks = replay._issued_segments if segments else replay._issued
+    marks = replay._state.issued_segments if segments else replay._state.issued
     shard, incarnation, local = ids.decode(global_ids)
     bad = _never_issued(marks, replay.num_shards, global_ids, shard, incarnation, local)
     if bad.any():  # marks may be stale: ask those shards once
@@ -116,7 +114,7 @@ def _never_issued(
 
 
 def from_batch(
-    replay: Any, batch: Any, errors: Any, *, eta: float, mask: Any, defer: bool = False
+    replay: Client, batch: Any, errors: Any, *, eta: float, mask: Any, defer: bool = False
 ) -> int:
     """`ShardedReplay.update_priorities_from` (``defer``: ride the next draw request)."""
     by_segment = replay.priority_unit == "segment"
@@ -130,13 +128,13 @@ def from_batch(
     return update(replay, anchor_ids, values)
 
 
-def defer_update(replay: Any, indices: Any, errors: Any) -> int:
+def defer_update(replay: Client, indices: Any, errors: Any) -> int:
     """Check an update now and queue it to ride the next draw request (`deferred`)."""
     with replay._lock:
         return deferred.queue(replay, *checked_update(replay, indices, errors))
 
 
-def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:
+def write_back(replay: Client, batch: Any, name: str, values: Any) -> int:
     """`ShardedReplay.write_back`: each shard writes the records of its own episodes."""
     episode_ids, steps, mask = (t.cpu().numpy() for t in record_positions(batch))
     if not isinstance(values, torch.Tensor):
@@ -152,25 +150,25 @@ def write_back(replay: Any, batch: Any, name: str, values: Any) -> int:
     return int(sum(calls.get(futures)))
 
 
-def known_schema(replay: Any) -> Schema | None:
+def known_schema(replay: Client) -> Schema | None:
     """The replay's schema, asked of the control until the first stored steps fixed one."""
-    if replay._schema is None:
+    if replay._state.schema is None:
         known = calls.get(replay._control.schema.remote())
-        replay._schema = None if known is None else Schema.from_state(known)
-    schema: Schema | None = replay._schema
+        replay._state.schema = None if known is None else Schema.from_state(known)
+    schema: Schema | None = replay._state.schema
     return schema
 
 
-def agree_schema(replay: Any, schema: Schema) -> Schema:
+def agree_schema(replay: Client, schema: Schema) -> Schema:
     """Propose ``schema`` as the replay's (the first proposal wins); the replay's schema."""
     agreed = Schema.from_state(calls.get(replay._control.propose_schema.remote(schema.to_state())))
-    replay._schema = agreed
+    replay._state.schema = agreed
     return agreed
 
 
-def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
+def add(replay: Client, episodes: list[Any], timeout: float | None) -> list[int]:
     """`ShardedReplay.extend`: every episode checked, then one call per shard in parallel."""
-    schema = known_schema(replay) if episodes else replay._schema
+    schema = known_schema(replay) if episodes else replay._state.schema
     declared = replay._config["schema"] is not None  # casts as a declared schema's buffer
     for episode in episodes:
         schema = check_episode(episode, schema, replay.shard_capacity, declared=declared)
@@ -179,7 +177,7 @@ def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
     lengths = np.array([len(e) for e in episodes], dtype=np.int64)
     transitions = int(lengths.sum())
     coordination.acquire(replay, transitions, inserting=True, timeout=timeout)
-    targets = (replay._cursor + np.arange(len(episodes))) % replay.num_shards
+    targets = (replay._state.cursor + np.arange(len(episodes))) % replay.num_shards
     shards = np.unique(targets).tolist()
     # An add over several shards takes one range of the replay's commit counter, its
     # episodes placed in their order here (`lucid_replay.distributed.commits`).
@@ -209,7 +207,7 @@ def add(replay: Any, episodes: list[Any], timeout: float | None) -> list[int]:
     if failure is not None:
         raise failure
     with replay._lock:
-        replay._cursor += len(episodes)  # only once stored: a refused call routes nothing
+        replay._state.cursor += len(episodes)  # only once stored: a refused call routes nothing
     result = np.empty(len(episodes), dtype=np.int64)
     for k, global_ids in replies.items():
         result[targets == k] = global_ids

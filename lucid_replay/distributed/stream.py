@@ -9,7 +9,7 @@ shard, not two, and the shards draw the next batch while this client gathers and
 learner computes. A shard runs one caller's calls in the order they were sent, so the
 reported masses are exactly the ones the next draw meets, unless something else reached
 the shards in between: this client's own adds, undeferred priority updates and other
-draws are counted (``ShardedReplay._changes``), and after any of them the next draw reads
+draws are counted (`ClientState.changes`), and after any of them the next draw reads
 the masses afresh (as does the first). Without other callers, the batches equal
 successive `sample_windows` calls, but for the priority updates: queued ones
 (``update_priorities(..., defer=True)``) ride the next draw call and apply after it, one
@@ -25,6 +25,7 @@ from typing import Any
 
 import lucid_replay.distributed.coordination as coordination
 from lucid_replay.batch import WindowBatch
+from lucid_replay.distributed.client_state import Client
 
 __all__: list[str] = []  # internal module
 
@@ -39,7 +40,7 @@ class BatchStream:
 
     def __init__(
         self,
-        replay: Any,
+        replay: Client,
         spec: Any,
         prefetch: int,
         device: Any,
@@ -78,7 +79,9 @@ class BatchStream:
 
     def _chain(self, done: Any) -> None:
         """A draw's replies are in: start the next draw, from its reports while current."""
-        current = done.changes == self._replay._changes  # no calls since that may change masses
+        current = (
+            done.changes == self._replay._state.changes
+        )  # no calls since that may change masses
         reports = [done.infos[k] for k in range(len(done.infos))] if current else None
         ahead = self._begin(0.0, reports, optional=True)
         if ahead is not None:
