@@ -260,6 +260,7 @@ class TransitionRing:
         exact: Array | None,
         out: Mapping[str, torch.Tensor] | None = None,
         listed: tuple[np.ndarray, np.ndarray, int] | None = None,
+        one_thread: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Gather ``B`` runs of ``size`` records (``[B, size, *field_shape]``) stored in ``table``.
 
@@ -272,7 +273,8 @@ class TransitionRing:
 
         ``listed`` (with the kernels, into CPU memory): the windows' records as runs already
         listed (offsets, first and end record, kind; their windows; their count), as the
-        expansion of windows across segment seams lists them: copied as they are.
+        expansion of windows across segment seams lists them: copied as they are, on this
+        thread alone with ``one_thread`` (a caller whose other cores other processes need).
 
         Each run is read as one block through a strided view of the ring (about 30% faster
         than gathering its records one by one). With the compiled kernels, CPU storage and
@@ -290,13 +292,15 @@ class TransitionRing:
         span = 1 + stride * (size - 1)
         firsts = first_offsets % self.capacity  # offsets may be negative
         oldest_offset = table.oldest_offset
-        if engine.compiled(firsts) and out is not None and _on_cpu(out):
+        cpu = out is not None and next(iter(out.values())).device.type == "cpu"
+        if engine.compiled(firsts) and out is not None and cpu:
             ring_copies = _ring_copies()
             if listed is not None:  # the windows' runs, listed by their expansion
                 from lucid_replay.listed_copies import copy_listed
 
                 lap = oldest_offset - oldest_offset % self.capacity
-                plan = self.fields, self._addresses, self._row_bytes, self._copiers(size, 1)
+                split = (np.arange(len(self.fields)), ()) if one_thread else self._copiers(size, 1)
+                plan = self.fields, self._addresses, self._row_bytes, split
                 copy_listed(*plan, out, size, listed, self.capacity, lap)
                 return dict(out)
 
@@ -474,10 +478,6 @@ def _alias(store: torch.Tensor, start: int, count: int) -> torch.Tensor:
     storage = store.untyped_storage()[at : at + count * row]
     alias = torch.empty((0,), dtype=store.dtype, device=store.device)
     return alias.set_(storage, 0, (count, *store.shape[1:]), store.stride())
-
-
-def _on_cpu(out: Mapping[str, torch.Tensor]) -> bool:
-    return next(iter(out.values())).device.type == "cpu"
 
 
 def _offsets(

@@ -20,8 +20,10 @@ from lucid_replay import (
     InvalidArgumentError,
     Mixture,
     Prioritized,
+    PrioritizedSequenceReplay,
     Uniform,
     Window,
+    engine,
 )
 from lucid_replay.distributed import ShardedReplay, gathering, sharing
 
@@ -178,6 +180,36 @@ def test_auto_is_shared_locally_and_object_with_codecs():
 
 
 # ------------------------------------------------------------------------- torn reads
+@pytest.mark.skipif(not engine.available(), reason="needs numba")
+def test_a_shared_clients_copy_stays_on_its_thread_and_equals_the_object_batch(monkeypatch):
+    """With several torch threads a buffer copies large fields by ``index_select``; a client
+    does not: torch's other threads keep spinning after it, on the cores its shards need."""
+    listed_copies = pytest.importorskip("lucid_replay.listed_copies")
+    calls: list[int] = []
+    real = listed_copies.listed_slots
+    monkeypatch.setattr(listed_copies, "listed_slots", lambda *a: calls.append(1) or real(*a))
+    window = Window(24, burn_in=8, bootstrap=2)  # 34 records of 256 B: index_select's size
+    rng = np.random.default_rng(0)
+    episodes = [Episode({"obs": torch.randn(int(n), 64)}) for n in rng.integers(40, 80, 12)]
+    batches = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for transport in ("shared", "object"):
+            replay = ShardedReplay.create(1, 2000, seed=1, backend="local", transport=transport)
+            replay.extend(episodes)
+            batches.append(replay.sample_windows(32, window))
+            replay.close()
+        assert not calls
+        buffer = PrioritizedSequenceReplay(2000, seed=1, segment_length=16)
+        buffer.extend(episodes)
+        buffer.sample_windows(32, window)  # a buffer's own gather of the same runs
+    finally:
+        torch.set_num_threads(before)
+    assert calls
+    _same(*batches)
+
+
 def _add(replay: ShardedReplay, marks: dict[int, float], seed: int, count: int, first: int):
     """Add episodes, noting each global id's mark."""
     ids = replay.extend(_episodes(seed, count, first=first))

@@ -320,15 +320,19 @@ class ReplayShard(ShardStreams):
             assert self.shared is not None
             batch["shard"], batch["epoch"] = self.index, self.shared.epoch
             batch["descriptor"] = sharing.descriptor(self.buffer._core.store.ring, self.shared)
+            # A small reply travels inline. Compacted first: ids made global after it are
+            # the anchors' and the few records' that are not their anchor's.
+            sharing.compact(packed, window)
         else:
             packed = transport.pack_batch(batch)
         for key in transport.ID_KEYS:
             if key in packed:
                 packed[key] = self._global(packed[key])
+        if sharing.ODD_IDS in packed:
+            odd, values, dtype = packed[sharing.ODD_IDS]
+            packed[sharing.ODD_IDS] = (odd, self._global(values), dtype)
         if transport.SEGMENT_KEY in packed:
             packed[transport.SEGMENT_KEY] = self._global_segments(packed[transport.SEGMENT_KEY])
-        if locate is not None:
-            sharing.compact(packed, window)  # a small reply travels inline
         return {
             "batch": batch if locate is not None else packed,
             "priorities": None if priorities is None else priorities.numpy(),
@@ -355,7 +359,7 @@ class ReplayShard(ShardStreams):
             if store.segments is not None and self.buffer._core.priority_unit == "episode":
                 stored = live & (store.segments.directory.slots_of(local) >= 0)
             else:
-                stored = live & store.table.is_stored(torch.from_numpy(local)).numpy()
+                stored = live & store.table.is_stored(local)
             applied, largest = self.hooks.update(local[live], errors[live])
         return applied, largest, int((~stored).sum())
 

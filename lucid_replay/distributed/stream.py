@@ -79,9 +79,8 @@ class BatchStream:
 
     def _chain(self, done: Any) -> None:
         """A draw's replies are in: start the next draw, from its reports while current."""
-        current = (
-            done.changes == self._replay._state.changes
-        )  # no calls since that may change masses
+        # Current while this client made no call since that may change the masses.
+        current = done.changes == self._replay._state.changes
         reports = [done.infos[k] for k in range(len(done.infos))] if current else None
         ahead = self._begin(0.0, reports, optional=True)
         if ahead is not None:
