@@ -223,6 +223,7 @@ def test_a_pickled_client_opens_its_own_lanes(cluster):
         replay.sample_windows(4, Window(2))  # this client's lanes are open
         had, drawn = ray.get(draw_elsewhere.remote(replay))
         assert not had and set(drawn) <= stored
+        assert replay._root is not None and os.path.isdir(replay._root)  # a copy's end left them
     finally:
         replay.close()
 

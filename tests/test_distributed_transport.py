@@ -5,6 +5,7 @@ and one Ray cluster for the module (``"auto"`` resolves to ``"shared"`` on one n
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -366,6 +367,25 @@ def test_transport_stats_keys_and_bytes(transport):
     ratio = stats["copy_ratio_last"]
     assert (ratio <= 1.1) if transport == "shared" else (ratio > 1.5)
     replay.close()
+
+
+def test_a_client_dropped_without_close_removes_its_shared_files():
+    """They live in memory (/dev/shm) until removed: no replay may leave them behind."""
+    roots = []
+    for closed in (True, False):
+        replay = _make("shared", 2)
+        replay.extend(_episodes(0, 6))
+        replay.sample_windows(4, WINDOW)
+        root = replay._root
+        assert root is not None and Path(root, "shard_1").is_dir()
+        roots.append(root)
+        if closed:
+            replay.close()
+            assert not Path(root).exists()
+        del replay
+        gc.collect()
+        assert not Path(root).exists()
+    assert roots[0] != roots[1]
 
 
 def test_deferred_updates_equal_immediate_updates():

@@ -160,6 +160,7 @@ def pickled(backend: str, state: dict[str, Any]) -> dict[str, Any]:
         "_blocks",
         "_lanes",
         "_lane_handles",
+        "_cleanup",
     )
     return {k: v for k, v in state.items() if k not in dropped}
 

@@ -9,6 +9,7 @@ compressed, else ``"object"``.
 from __future__ import annotations
 
 import shutil
+import weakref
 from typing import Any
 
 import lucid_replay.distributed.backends as backends
@@ -38,6 +39,10 @@ class ClientTransport:
 
     def _init_transport(self, root: str | None) -> None:
         self._root = root
+        # Shared files live in memory (/dev/shm) until removed: the client that made them
+        # removes them on `close`, and also when it is dropped without one (or at exit).
+        # A copy (root None) never does.
+        self._cleanup = None if root is None else weakref.finalize(self, shutil.rmtree, root, True)
         self._resolved = None
         self._mapped = {}
         self._transport_stats = TransportStats()
@@ -124,5 +129,5 @@ class ClientTransport:
         for lane in lanes:
             if lane is not None:
                 lane.close()
-        if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
+        if self._cleanup is not None:
+            self._cleanup()  # once: a finalizer runs at most once

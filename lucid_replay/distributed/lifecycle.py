@@ -30,7 +30,11 @@ class ClientLife:
     _state: ClientState
 
     def close(self) -> None:
-        """Stop the shards (Ray actors end); the client refuses calls afterwards."""
+        """Stop the shards (Ray actors end); the client refuses calls afterwards.
+
+        With ``transport="shared"`` the shards' files under ``/dev/shm`` are removed; a client
+        dropped without ``close`` removes them when it is garbage-collected (or at exit).
+        """
         if self._closed:
             return
         try:
