@@ -388,6 +388,28 @@ def test_a_client_dropped_without_close_removes_its_shared_files():
     assert roots[0] != roots[1]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_dropping_its_copy_of_the_client_leaves_the_parents_files():
+    replay = _make("shared", 2)
+    replay.extend(_episodes(0, 6))
+    root = Path(str(replay._root))
+    child = os.fork()
+    if child == 0:  # the child drops the client it inherited, then exits
+        code = 1
+        try:
+            del replay
+            gc.collect()
+            code = 0 if root.is_dir() else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert root.is_dir()
+    assert replay.sample_windows(4, WINDOW).data["mark"].shape == (4, WINDOW.size)
+    replay.close()
+    assert not root.exists()
+
+
 def test_deferred_updates_equal_immediate_updates():
     results = []
     for defer in (False, True):

@@ -8,6 +8,7 @@ compressed, else ``"object"``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import weakref
 from typing import Any
@@ -22,6 +23,16 @@ from lucid_replay.distributed.lanes import Lane, LaneHandle
 from lucid_replay.distributed.mapped import Mapped
 
 __all__: list[str] = []  # internal module
+
+
+def _remove_shared(root: str, creator: int) -> None:
+    """Remove ``root``, in the process that created it only.
+
+    A child forked from that process inherits the client and its finalizer, which the
+    child's exit would run: it must not remove the files the parent's shards still use.
+    """
+    if os.getpid() == creator:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class ClientTransport:
@@ -41,8 +52,10 @@ class ClientTransport:
         self._root = root
         # Shared files live in memory (/dev/shm) until removed: the client that made them
         # removes them on `close`, and also when it is dropped without one (or at exit).
-        # A copy (root None) never does.
-        self._cleanup = None if root is None else weakref.finalize(self, shutil.rmtree, root, True)
+        # A copy (root None) never does, nor does a forked child (see `_remove_shared`).
+        self._cleanup = (
+            None if root is None else weakref.finalize(self, _remove_shared, root, os.getpid())
+        )
         self._resolved = None
         self._mapped = {}
         self._transport_stats = TransportStats()
