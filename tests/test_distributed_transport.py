@@ -107,13 +107,18 @@ CASES = {
     "segment priorities": {"segment_length": 5, "priority_unit": "segment"},
     "stacked segments": {"segment_length": 3, "schema": STACKED},
     "mixture": {"selector": Mixture({Prioritized(): 0.5, Uniform(): 0.5})},
+    "include reset": {},  # records of the next episodes: ids that are not the anchor's
+}
+WINDOWS = {
+    "plain": Window(4, burn_in=3, bootstrap=1, dilation=2),
+    "include reset": Window(4, burn_in=3, bootstrap=2, boundary="include_reset"),
 }
 
 
 @pytest.mark.parametrize("num_shards", [1, 3])
 @pytest.mark.parametrize("case", list(CASES))
 def test_shared_batches_equal_object_batches_draw_for_draw(case, num_shards):
-    window = Window(4, burn_in=3, bootstrap=1, dilation=2) if case == "plain" else WINDOW
+    window = WINDOWS.get(case, WINDOW)
     shared = _run("shared", num_shards, window, **CASES[case])
     objects = _run("object", num_shards, window, **CASES[case])
     for got, expected in zip(shared, objects, strict=True):
