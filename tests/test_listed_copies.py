@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from segmented_buffers import stream_interleaved
 
 from lucid_replay import Episode, SequenceReplay, Window, engine, seams
 
@@ -34,15 +35,13 @@ def _threads(count: int) -> Iterator[None]:
 def _interleaved(rng: np.random.Generator) -> SequenceReplay:
     """Eight episodes streamed at once in random pieces (seams every 16 steps), heads evicted."""
     buffer = SequenceReplay(capacity=2000, segment_length=16)
-    streams = [buffer.open_episode() for _ in range(8)]
-    lengths = [0] * 8
-    for _ in range(400):
-        which = int(rng.integers(8))
-        size = int(rng.integers(1, 12))
-        serial = torch.arange(lengths[which], lengths[which] + size) + 10_000 * which
-        obs = torch.randn(size, 64, generator=torch.Generator().manual_seed(len(serial)))
-        streams[which].append({"serial": serial, "obs": obs + serial[:, None]})
-        lengths[which] += size
+
+    def obs(serial: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(len(serial), 64, generator=torch.Generator().manual_seed(len(serial)))
+        return noise + serial[:, None]
+
+    options = {"streams": 8, "rounds": 400, "max_piece": 12, "serial_base": 10_000}
+    streams = stream_interleaved(buffer, rng, obs=obs, **options)
     for which in range(0, 8, 2):
         streams[which].close(terminated=True)
     return buffer

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import both_engines, comparable, make_episode
+from segmented_buffers import refused_changes_nothing, stream_interleaved
 from stats import ACCEPT, REJECT, chi_square_pvalue
 
 from lucid_replay import Episode, PrioritizedSequenceReplay, SequenceReplay, Window
@@ -126,16 +127,12 @@ def test_an_open_episode_whose_committed_steps_were_all_evicted_is_not_in_the_bu
 def _interleaved_buffer(rng: np.random.Generator, capacity: int = 90) -> SequenceReplay:
     """Five episodes streamed at once in random pieces with flushes; heads evicted; two open."""
     buffer = SequenceReplay(capacity=capacity, segment_length=5)
-    streams = [buffer.open_episode() for _ in range(5)]
-    lengths = [0] * 5
-    for _ in range(60):
-        which = int(rng.integers(5))
-        size = int(rng.integers(1, 8))
-        serial = torch.arange(lengths[which], lengths[which] + size) + 1000 * which
-        streams[which].append({"serial": serial, "obs": serial.float()[:, None].repeat(1, 2)})
-        lengths[which] += size
-        if rng.random() < 0.2:
-            streams[which].flush()
+
+    def obs(serial: torch.Tensor) -> torch.Tensor:
+        return serial.float()[:, None].repeat(1, 2)
+
+    options = {"streams": 5, "rounds": 60, "max_piece": 8, "serial_base": 1000}
+    streams = stream_interleaved(buffer, rng, obs=obs, flush_chance=0.2, **options)
     for which in (0, 2, 3):
         streams[which].close(terminated=which != 2)
     return buffer
@@ -413,13 +410,6 @@ def test_streaming_on_a_whole_episode_buffer_says_to_set_segment_length() -> Non
     assert buffer.open_episode_ids == [] and buffer.segment_length is None
 
 
-def _refused(buffer, stream, call, error, match) -> None:
-    before = (comparable(buffer.state_dict()), buffer.stats(), stream.pending)
-    with pytest.raises(error, match=match):
-        call()
-    assert (comparable(buffer.state_dict()), buffer.stats(), stream.pending) == before
-
-
 def test_refused_appends_and_closes_change_nothing() -> None:
     buffer = SequenceReplay(capacity=10, segment_length=4)
     stream = buffer.open_episode()
@@ -442,14 +432,14 @@ def test_refused_appends_and_closes_change_nothing() -> None:
         (lambda: stream.close(terminated=1), TypeError, "terminated must be a bool"),
     ]
     for call, error, match in cases:
-        _refused(buffer, stream, call, error, match)
+        refused_changes_nothing(buffer, stream, call, error, match)
     stream.close(terminated=False)
     for call in (
         lambda: stream.append({"x": torch.arange(2), "y": torch.zeros(2, 2)}),
         lambda: stream.flush(),
         lambda: stream.close(terminated=True),
     ):
-        _refused(buffer, stream, call, ValueError, "closed")
+        refused_changes_nothing(buffer, stream, call, ValueError, "closed")
     with pytest.raises(ValueError, match="an open episode"):
         buffer.resume_episode(stream.episode_id)
     with pytest.raises(KeyError, match="never issued"):
@@ -471,7 +461,9 @@ def test_a_resumed_episode_supersedes_its_earlier_stream() -> None:
     old = buffer.open_episode()
     old.append({"x": torch.arange(3)})
     new = buffer.resume_episode(old.episode_id)
-    _refused(buffer, old, lambda: old.append({"x": torch.arange(1)}), ValueError, "superseded")
+    refused_changes_nothing(
+        buffer, old, lambda: old.append({"x": torch.arange(1)}), ValueError, "superseded"
+    )
     new.append({"x": torch.arange(4)})
     assert buffer[old.episode_id]["x"].tolist() == [0, 1, 2, 3]  # the old stream's 3 were its own
 

@@ -3,22 +3,15 @@ changed steps, and steps off the fast path store what the full path stores."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from conftest import comparable
+from segmented_buffers import refused_changes_nothing
 
 from lucid_replay import SequenceReplay
 
 
 def _steps(count: int) -> dict[str, torch.Tensor]:
     return {"x": torch.arange(count), "y": torch.zeros(count, 2)}
-
-
-def _refused(buffer, stream, call, error, match) -> None:
-    before = (comparable(buffer.state_dict()), buffer.stats(), stream.pending)
-    with pytest.raises(error, match=match):
-        call()
-    assert (comparable(buffer.state_dict()), buffer.stats(), stream.pending) == before
 
 
 def test_steps_changed_in_place_after_cached_appends_are_still_refused() -> None:
@@ -32,19 +25,21 @@ def test_steps_changed_in_place_after_cached_appends_are_still_refused() -> None
     retyped = _steps(4)
     stream.append(retyped)
     retyped["x"].data = torch.arange(4.0)  # the same tensor object, now float32
-    _refused(buffer, stream, lambda: stream.append(retyped), TypeError, "x")
+    refused_changes_nothing(buffer, stream, lambda: stream.append(retyped), TypeError, "x")
 
     reshaped = _steps(4)
     stream.append(reshaped)
     reshaped["y"].resize_(4, 3)  # the same tensor object, now [4, 3]
-    _refused(buffer, stream, lambda: stream.append(reshaped), ValueError, "y")
+    refused_changes_nothing(buffer, stream, lambda: stream.append(reshaped), ValueError, "y")
 
     uneven = {"x": torch.arange(4), "y": torch.zeros(3, 2)}  # a count seen, then another
-    _refused(buffer, stream, lambda: stream.append(uneven), ValueError, "one leading length")
+    refused_changes_nothing(
+        buffer, stream, lambda: stream.append(uneven), ValueError, "one leading length"
+    )
     scalar = {"x": torch.tensor(3), "y": torch.zeros(4, 2)}  # no step dimension
-    _refused(buffer, stream, lambda: stream.append(scalar), ValueError, "x")
+    refused_changes_nothing(buffer, stream, lambda: stream.append(scalar), ValueError, "x")
     extra = {**_steps(4), "z": torch.zeros(4)}
-    _refused(buffer, stream, lambda: stream.append(extra), ValueError, "z")
+    refused_changes_nothing(buffer, stream, lambda: stream.append(extra), ValueError, "z")
     assert len(buffer) == 20 and stream.pending == 0
 
 
