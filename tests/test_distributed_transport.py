@@ -351,6 +351,39 @@ STATS_KEYS = {
 }
 
 
+def test_a_located_replys_masks_travel_as_bits_and_come_back_exactly():
+    """The per-record masks cross as bits (an eighth of their bytes), ids and steps as
+    their exceptions to the window's pattern; `uncompact` restores every entry exactly,
+    also for a batch whose records do not fill the last byte."""
+    window = Window(3, burn_in=2, dilation=2)  # 5 records a window, 35 in all
+    rng = np.random.default_rng(3)
+    anchors, steps = rng.integers(0, 50, 7), rng.integers(0, 30, 7)
+    meta = {
+        "validity_mask": rng.random((7, 5)) < 0.8,
+        "is_init": rng.random((7, 5)) < 0.2,
+        "terminal": rng.random((7, 5)) < 0.2,
+        "record_episode_ids": np.repeat(anchors[:, None], 5, axis=1),
+        "record_steps": steps[:, None] + (np.arange(5) - 2) * 2,
+        "episode_ids": anchors,
+        "anchor_steps": steps,
+    }
+    meta["record_episode_ids"][2, 4] = 99  # a record of another episode
+    meta["record_steps"][6, 0] = -1  # clamped
+    expected = {key: value.copy() for key, value in meta.items()}
+    sharing.compact(meta, window)
+    assert not any(isinstance(v, np.ndarray) and v.dtype == bool for v in meta.values())
+    for key in ("validity_mask", "is_init", "terminal"):
+        bits, shape = meta[f"{key}.bits"]
+        assert bits.dtype == np.uint8 and bits.nbytes == 5 and shape == (7, 5)  # 35 bits
+    assert meta["record_episode_ids.odd"][0].tolist() == [14]
+    assert meta["record_episode_ids.odd"][1].tolist() == [99]
+    assert meta["record_steps.odd"][0].tolist() == [30]
+    sharing.uncompact(meta, window)
+    assert meta.keys() == expected.keys()
+    for key, value in expected.items():
+        assert meta[key].dtype == value.dtype and np.array_equal(meta[key], value), key
+
+
 @pytest.mark.parametrize("transport", ["shared", "object"])
 def test_transport_stats_keys_and_bytes(transport):
     replay = _make(transport, 3)
