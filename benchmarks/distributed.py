@@ -13,9 +13,14 @@ Rows, all in one run:
 * restart time of a killed shard and the episodes it lost, against ``checkpoint_every``;
 * transports: batches/s of prioritized ``iterate(prefetch=2)`` (priorities updated each
   batch, ``defer=True``) through ``transport="shared"`` and ``"object"`` Ray clients of 1, 2
-  and 4 shards, against in-process draws plus updates (timed again after each client: the
-  median), and bytes copied per batch over its bytes (``transport_stats``) for 64 and 256
-  windows (``--only transport`` runs just these).
+  and 4 shards, against the same loop in process: ``of_in_process`` divides by one
+  ``PrioritizedSequenceReplay``'s ``iterate(prefetch=2)`` with its priorities updated each
+  batch (the same loop, the bar's baseline), ``of_in_process_calls`` by its
+  ``sample_windows`` and ``update_priorities`` called without a prefetching thread (faster
+  on two cores when the learner computes nothing); both timed again after each client, the
+  medians; each rate is the median of five blocks of 60 batches. Also bytes copied per
+  batch over its bytes (``transport_stats``) for 64 and 256 windows (``--only transport``
+  runs just these).
 
 Only the public API is used. On a 2-core machine every shard, writer and the learner share
 the same two cores: the numbers show per-call costs and overlap, not multi-node scaling.
@@ -76,6 +81,16 @@ def rate(call: Any, count: int, warmup: int = 3) -> float:
     for _ in range(count):
         call()
     return count / (time.perf_counter() - start)
+
+
+def steady_rate(call: Any, count: int, blocks: int = 5) -> float:
+    """The median of ``blocks`` rates of ``call``, each over ``count`` calls (after warmup).
+
+    On two shared cores a burst of other work (Ray starting a worker, the kernel reclaiming
+    pages) can halve one block's rate; the median over blocks ignores one or two such.
+    """
+    rates = [rate(call, count, warmup=3 if block == 0 else 0) for block in range(blocks)]
+    return float(np.median(rates))
 
 
 # ---------------------------------------------------------------------------- rows
@@ -221,13 +236,25 @@ def transport_rows(transitions: int, batches: int) -> list[dict[str, Any]]:
     fill([buffer], transitions)
     errors = np.random.default_rng(0).random(BATCH)
 
-    def in_process() -> None:
+    def in_process_calls() -> None:
         batch = buffer.sample_windows(BATCH, WINDOW)
         buffer.update_priorities(batch.episode_ids, errors)
 
-    # The in-process rate is measured again after every client (the cores' speed drifts
-    # over a run): each row is a ratio to the median of those measurements.
-    bases = [rate(in_process, batches)]
+    def in_process() -> tuple[float, float]:
+        """The in-process rates now: ``iterate(prefetch=2)``, and calls without a thread."""
+        stream: Any = buffer.iterate(BATCH, WINDOW, prefetch=2)
+
+        def streamed() -> None:
+            batch = next(stream)
+            buffer.update_priorities(batch.episode_ids, errors)
+
+        iterated = steady_rate(streamed, batches)
+        stream.close()  # its thread stops: the next rate is measured without it
+        return iterated, steady_rate(in_process_calls, batches)
+
+    # The in-process rates are measured again after every client (the cores' speed drifts
+    # over a run): each row is a ratio to the medians of those measurements.
+    bases = [in_process()]
     rows: list[dict[str, Any]] = []
     for shards in (1, 2, 4):
         for transport in ("shared", "object"):
@@ -241,11 +268,11 @@ def transport_rows(transitions: int, batches: int) -> list[dict[str, Any]]:
                 batch = next(stream)
                 replay.update_priorities(batch.episode_ids, errors, defer=True)
 
-            speed = rate(streamed, batches)
+            speed = steady_rate(streamed, batches)
             stats = replay.transport_stats()
             rows.append(
                 {"what": f"iterate + update, {transport}, {shards} shards",
-                 "batches_per_s": speed, "of_in_process": speed,
+                 "batches_per_s": speed, "of_in_process": speed, "of_in_process_calls": speed,
                  "copied_per_batch_bytes": stats["copy_ratio_last"]}
             )  # fmt: skip
             stream.close()
@@ -253,17 +280,24 @@ def transport_rows(transitions: int, batches: int) -> list[dict[str, Any]]:
                 replay.sample_windows(size, WINDOW)
                 rows.append(
                     {"what": f"{size} windows, {transport}, {shards} shards",
-                     "batches_per_s": 0.0, "of_in_process": 0.0,
+                     "batches_per_s": 0.0, "of_in_process": 0.0, "of_in_process_calls": 0.0,
                      "copied_per_batch_bytes": replay.transport_stats()["copy_ratio_last"]}
                 )  # fmt: skip
             replay.close()
-            bases.append(rate(in_process, batches))
-    base = float(np.median(bases))
+            bases.append(in_process())
+    iterated, called = (float(np.median(column)) for column in zip(*bases, strict=True))
     for row in rows:
-        row["of_in_process"] /= base
-    first = {"what": "in-process sample + update (median)", "batches_per_s": base,
-             "of_in_process": 1.0, "copied_per_batch_bytes": 1.0}  # fmt: skip
-    return [first, *rows]
+        row["of_in_process"] /= iterated
+        row["of_in_process_calls"] /= called
+    first = [
+        {"what": "in-process iterate(prefetch=2) + update (median)", "batches_per_s": iterated,
+         "of_in_process": 1.0, "of_in_process_calls": iterated / called,
+         "copied_per_batch_bytes": 1.0},
+        {"what": "in-process sample_windows + update (median)", "batches_per_s": called,
+         "of_in_process": called / iterated, "of_in_process_calls": 1.0,
+         "copied_per_batch_bytes": 1.0},
+    ]  # fmt: skip
+    return [*first, *rows]
 
 
 # ---------------------------------------------------------------------------- main
@@ -301,7 +335,7 @@ def main() -> None:
     quick = args.quick
     transitions = 20_000 if quick else 200_000
     results: dict[str, list[dict[str, Any]]] = {
-        "transport": transport_rows(transitions, 5 if quick else 100),
+        "transport": transport_rows(transitions, 5 if quick else 60),
     }
     if args.only != "transport":
         results |= {
