@@ -27,6 +27,7 @@ from lucid_replay import (
     engine,
 )
 from lucid_replay.distributed import ShardedReplay, gathering, sharing
+from lucid_replay.distributed import transport as packing
 
 WINDOW = Window(5, burn_in=2, bootstrap=1)
 KEYS = (
@@ -125,6 +126,38 @@ def test_shared_batches_equal_object_batches_draw_for_draw(case, num_shards):
         _same(got, expected)
 
 
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_object_replies_in_row_pieces_merge_to_the_same_batches(num_shards, monkeypatch):
+    """Fields over `PIECE_BYTES` travel as row pieces; merged they equal the shared batches."""
+    real, sent = packing.in_pieces, []
+
+    def spied(array):
+        value = real(array)
+        sent.append(value)
+        return value
+
+    monkeypatch.setattr(packing, "PIECE_BYTES", 40)  # a few rows of every field
+    monkeypatch.setattr(packing, "in_pieces", spied)
+    objects = _run("object", num_shards, WINDOW, schema=STACKED)
+    assert any(isinstance(value, list) and len(value) > 2 for value in sent)
+    monkeypatch.undo()
+    shared = _run("shared", num_shards, WINDOW, schema=STACKED)
+    for got, expected in zip(shared, objects, strict=True):
+        _same(got, expected)
+
+
+def test_row_pieces_split_only_arrays_over_the_size_and_keep_every_row():
+    small = np.zeros((packing.PIECE_BYTES // 24, 6), dtype=np.float32)  # 24 bytes a row
+    assert packing.in_pieces(small) is small
+    big = np.zeros((packing.PIECE_BYTES // 24 * 3 + 7, 6), dtype=np.float32)
+    pieces = packing.in_pieces(big)
+    assert [len(p) for p in pieces] == [packing.PIECE_BYTES // 24] * 3 + [7]
+    assert all(p.base is big for p in pieces)  # views: no copy before Ray's
+    assert packing.nbytes(pieces) == big.nbytes
+    bfloat = torch.zeros(packing.PIECE_BYTES, dtype=torch.bfloat16)
+    assert packing.in_pieces(bfloat) is bfloat  # tensors travel whole
+
+
 @both_engines
 def test_shared_equals_object_on_every_engine():
     stacked = {"schema": STACKED}
@@ -134,9 +167,10 @@ def test_shared_equals_object_on_every_engine():
         _same(got, expected)
 
 
-def test_a_held_batch_keeps_its_values_and_a_dropped_ones_memory_is_reused():
-    """Shared batches are gathered into reused blocks: never into one the caller holds."""
-    replay = _make("shared", 2)
+@pytest.mark.parametrize("transport", ["shared", "object"])
+def test_a_held_batch_keeps_its_values_and_a_dropped_ones_memory_is_reused(transport):
+    """Batches are put together in reused blocks: never in one the caller holds."""
+    replay = _make(transport, 2)
     replay.extend(_episodes(0, 20))
     held = []
     for _ in range(6):

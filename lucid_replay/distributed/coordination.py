@@ -21,6 +21,7 @@ import lucid_replay.distributed.draw as draw
 import lucid_replay.distributed.gathering as gathering
 import lucid_replay.distributed.transport as transport
 from lucid_replay.batch import Batch, WindowBatch
+from lucid_replay.batch_memory import views
 from lucid_replay.distributed.client_state import Client
 from lucid_replay.errors import RateLimiterTimeout
 
@@ -130,12 +131,14 @@ def complete(
         return gathering.complete(replay, pending, target, begin)
     drawn = time.perf_counter()
     spec = pending.spec
-    tensors = transport.merge(pending.pieces, pending.destinations, spec.batch_size, target)
+    shapes = transport.shapes(pending.pieces, spec.batch_size)
+    tensors = views(replay._blocks, shapes, pin=target.type == "cuda")
+    transport.merge(pending.pieces, pending.destinations, tensors)
     chances = draw.merged(pending, pending.probabilities, np.float64)
     weights = draw.weights(pending, chances)
     unit = replay._config["priority_unit"]
     # Each piece was copied by its shard's gather (and into Ray's object store), then here.
-    pieces = sum(value.nbytes for piece in pending.pieces for value in piece.values())
+    pieces = sum(transport.nbytes(value) for piece in pending.pieces for value in piece.values())
     size = gathering.batch_bytes(tensors) + chances.nbytes
     size += 0 if weights is None else weights.nbytes
     copies = 1 if replay.backend == "local" else 2

@@ -18,7 +18,6 @@ False). Either way the torn windows are counted (`TransportStats`).
 
 from __future__ import annotations
 
-import math
 import time
 import types
 from collections.abc import Callable
@@ -34,7 +33,7 @@ import lucid_replay.distributed.sharing as sharing
 import lucid_replay.distributed.transport as transport
 from lucid_replay import engine
 from lucid_replay.batch import PER_RECORD, WindowBatch
-from lucid_replay.batch_memory import Built
+from lucid_replay.batch_memory import Shapes, views
 from lucid_replay.distributed.client_state import Client
 from lucid_replay.distributed.mapped import Mapped, dtype_named, key_of
 from lucid_replay.ring import TransitionRing
@@ -45,7 +44,6 @@ __all__: list[str] = []  # internal module
 REDRAWS = 8  # rounds of redraws of torn windows before the rest are marked invalid
 _CPU = torch.device("cpu")
 _NO_FIRSTS = np.empty(0, dtype=np.int64)
-_ALIGN = 64  # bytes: each tensor of a batch block starts on a cache line
 
 
 def on_located(replay: Client) -> None:
@@ -120,14 +118,11 @@ def _allocate(
 ) -> dict[str, torch.Tensor]:
     """Empty batch tensors: the fields (``data.<name>``), then the per-record entries.
 
-    On the CPU they are views of one block of the client's `Blocks`, reused once nothing
-    refers to the last batch built on it (nor to its views): a fresh 8 MB batch would fault
-    its pages in again on every draw (about 1 ms). A batch for an accelerator is gathered
-    into pinned memory.
+    Views of one of the client's reused blocks (`batch_memory.views`).
     """
     fields = piece["descriptor"]["fields"]
     frames = {name: group["frames"] for group in piece["groups"] for name in group["names"]}
-    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    shapes: Shapes = {}
     for name, (_, shape, dtype) in fields.items():
         stack = (frames[name],) if frames[name] else ()
         shapes[f"data.{name}"] = ((size, width, *stack, *shape), dtype_named(dtype))
@@ -136,28 +131,7 @@ def _allocate(
         shapes[key] = ((size, *values.shape[1:]), dtype)
     for key in ("learning_mask", "step_in_sequence"):
         shapes[key] = ((size, width), PER_RECORD[key])
-    if pin:
-        return {k: torch.empty(s, dtype=d, pin_memory=True) for k, (s, d) in shapes.items()}
-    offsets, total = {}, 0
-    for key, (shape, dtype) in shapes.items():
-        offsets[key] = total
-        total += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
-
-    def build(block: torch.Tensor) -> Built:
-        views = {
-            key: block[offsets[key] : offsets[key] + math.prod(shape) * dtype.itemsize]
-            .view(dtype)
-            .view(shape)
-            for key, (shape, dtype) in shapes.items()
-        }
-        return (views,), tuple(views.values())
-
-    # The views of the last batch of this layout on a free block are taken again as they are
-    # (building a dozen views costs about 0.2 ms); the caller gets its own dict of them.
-    layout = tuple((key, shape, dtype) for key, (shape, dtype) in shapes.items())
-    views = replay._blocks.take(total, _CPU, layout, build)[0]
-    assert isinstance(views, dict)
-    return dict(views)
+    return views(replay._blocks, shapes, pin)
 
 
 def _fill(
