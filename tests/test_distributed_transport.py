@@ -146,6 +146,24 @@ def test_object_replies_in_row_pieces_merge_to_the_same_batches(num_shards, monk
         _same(got, expected)
 
 
+def test_chunk_draws_in_row_pieces_equal_the_same_draws_sent_whole(monkeypatch):
+    def draws() -> list:
+        replay = _make("object", 2, schema=STACKED)
+        replay.extend(_episodes(0, 30))
+        batches = [replay.sample(6, 3), replay.sample_prioritized(6, 4), replay.sample(5, 1)]
+        replay.close()
+        return batches
+
+    whole = draws()
+    monkeypatch.setattr(packing, "PIECE_BYTES", 16)
+    for got, expected in zip(draws(), whole, strict=True):
+        assert torch.equal(got.episode_ids, expected.episode_ids)
+        assert torch.equal(got.starts, expected.starts)
+        assert list(got.data) == list(expected.data)
+        for name in expected.data:
+            assert torch.equal(got.data[name], expected.data[name]), name
+
+
 def test_row_pieces_split_only_arrays_over_the_size_and_keep_every_row():
     small = np.zeros((packing.PIECE_BYTES // 24, 6), dtype=np.float32)  # 24 bytes a row
     assert packing.in_pieces(small) is small
