@@ -209,6 +209,28 @@ def test_a_held_batch_keeps_its_values_and_a_dropped_ones_memory_is_reused(trans
     replay.close()
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_a_client_maps_the_shards_fields_read_only():
+    """The client's mappings of every shard's field files allow reads only."""
+    replay = _make("shared", 2)
+    replay.extend(_episodes(0, 20))
+    replay.sample_windows(8, WINDOW)
+    regions = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, permissions = line.split()[:2]
+        low, high = (int(end, 16) for end in span.split("-"))
+        regions.append((low, high, permissions))
+    checked = 0
+    for mapped in replay._mapped.values():
+        for name, field in mapped.ring.fields.items():
+            address = field.data_ptr()
+            (permissions,) = [p for low, high, p in regions if low <= address < high]
+            assert permissions.startswith("r-"), (name, permissions)
+            checked += 1
+    assert len(replay._mapped) == 2 and checked == 6  # two shards, three fields each
+    replay.close()
+
+
 def test_memmap_storage_is_shared_from_its_own_files(tmp_path):
     shared = _run("shared", 2, WINDOW, storage="memmap", directory=tmp_path / "s")
     objects = _run("object", 2, WINDOW, storage="memmap", directory=tmp_path / "o")
