@@ -279,16 +279,17 @@ def transport_rows(transitions: int, batches: int) -> list[dict[str, Any]]:
             for size in (64,) if shards == 2 else ():
                 replay.sample_windows(size, WINDOW)
                 rows.append(
-                    {"what": f"{size} windows, {transport}, {shards} shards",
-                     "batches_per_s": 0.0, "of_in_process": 0.0, "of_in_process_calls": 0.0,
+                    {"what": f"{size} windows, {transport}, {shards} shards (bytes only)",
+                     "batches_per_s": None, "of_in_process": None, "of_in_process_calls": None,
                      "copied_per_batch_bytes": replay.transport_stats()["copy_ratio_last"]}
                 )  # fmt: skip
             replay.close()
             bases.append(in_process())
     iterated, called = (float(np.median(column)) for column in zip(*bases, strict=True))
     for row in rows:
-        row["of_in_process"] /= iterated
-        row["of_in_process_calls"] /= called
+        if row["batches_per_s"] is not None:  # rows that measure bytes only are not timed
+            row["of_in_process"] /= iterated
+            row["of_in_process_calls"] /= called
     first = [
         {"what": "in-process iterate(prefetch=2) + update (median)", "batches_per_s": iterated,
          "of_in_process": 1.0, "of_in_process_calls": iterated / called,
@@ -311,7 +312,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def _cell(value: Any) -> str:
-    """Floats under 10 (ratios) to two places, larger ones to one."""
+    """Floats under 10 (ratios) to two places, larger ones to one; ``None`` (not timed): -."""
+    if value is None:
+        return "-"
     if not isinstance(value, float):
         return str(value)
     return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
