@@ -25,39 +25,18 @@ import numpy as np
 import lucid_replay.distributed.commits as commits
 import lucid_replay.distributed.ids as ids
 import lucid_replay.distributed.transport as transport
+from lucid_replay.distributed.shard_base import ShardBase
 from lucid_replay.errors import InvalidArgumentError, UnknownEpisodeError, must
 from lucid_replay.streams import EpisodeInfo, EpisodeStream
 
 if TYPE_CHECKING:
     from lucid_replay.episode import Episode
-    from lucid_replay.prioritized import PrioritizedSequenceReplay
 
 __all__: list[str] = []  # internal module
 
 
-class ShardStreams:
-    """The streaming calls of `ReplayShard` (mixed in; it provides the attributes below)."""
-
-    buffer: PrioritizedSequenceReplay
-    index: int
-    incarnation: int
-    starts: list[int]
-    streams: dict[int, tuple[int, EpisodeStream]]
-
-    def _report(self, *, wait: bool = False) -> None:
-        raise NotImplementedError  # `ReplayShard._report`
-
-    def _agree_schema(self, episodes: list[Episode]) -> None:
-        raise NotImplementedError  # `ReplayShard._agree_schema`
-
-    def _stored(self, episodes: int) -> None:
-        raise NotImplementedError  # `ReplayShard._stored`
-
-    def _global(self, local: np.ndarray) -> np.ndarray:
-        raise NotImplementedError  # `ReplayShard._global`
-
-    def _global_segments(self, local: np.ndarray) -> np.ndarray:
-        raise NotImplementedError  # `ReplayShard._global_segments`
+class ShardStreams(ShardBase):
+    """The streaming calls of `ReplayShard` (mixed in; see `ShardBase`)."""
 
     # ---------------------------------------------------------------------------- calls
     def open_episode(self) -> tuple[int, int]:

@@ -3,7 +3,9 @@
 The same class runs in-process (``backend="local"``) and as a Ray actor (``backend="ray"``).
 Everything it returns is plain data (numpy arrays, ints, floats), with episode ids already
 global (`lucid_replay.distributed.ids`). A shard draws only what its coordinator asks for
-(`ShardHooks.draw_probed`), from its own tree and its own random stream.
+(`ShardHooks.draw_probed`), from its own tree and its own random stream: its drawing calls
+are in `lucid_replay.distributed.shard_draws`, what those and its other parts read of it is
+declared in `lucid_replay.distributed.shard_base`.
 
 A shard starts in two steps: its constructor builds an empty buffer, and `open` loads the
 file `ShardedReplay.load` gave it (checked: it must be this shard's) and joins the control;
@@ -24,8 +26,6 @@ replay-wide commit counters (`lucid_replay.distributed.commits`).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +40,20 @@ import lucid_replay.distributed.lanes as lanes
 import lucid_replay.distributed.options as options
 import lucid_replay.distributed.sharing as sharing
 import lucid_replay.distributed.transport as transport
-from lucid_replay import engine, files, selectors
+from lucid_replay import files, selectors
 from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.distributed.hooks import ShardHooks
+from lucid_replay.distributed.shard_draws import ShardDraws
 from lucid_replay.distributed.shard_streams import ShardStreams
 from lucid_replay.episode import Episode
 from lucid_replay.prioritized import PrioritizedSequenceReplay
 from lucid_replay.schema import Schema
 from lucid_replay.streams import EpisodeStream
-from lucid_replay.trees import episode_anchors
-from lucid_replay.window import Window
 
 __all__: list[str] = []  # internal module
 
 
-class ReplayShard(ShardStreams):
+class ReplayShard(ShardStreams, ShardDraws):
     """Shard ``index`` of a replay configured by ``settings`` (see `ShardedReplay.create`).
 
     Parameters
@@ -228,118 +227,6 @@ class ReplayShard(ShardStreams):
         every = self.settings["checkpoint_every"]
         if every is not None and self.adds_since_checkpoint >= every:
             self.checkpoint()
-
-    # ------------------------------------------------------------------------- drawing
-    def info(
-        self, window: Window, laws: tuple[Any, ...], updates: list[Any] | None = None
-    ) -> dict[str, Any]:
-        """What the coordinator needs before a draw of ``window`` by each of ``laws``.
-
-        ``updates``: priority updates that ride this request (``(ids, errors)`` checked by
-        the client, applied first, in order); their `update` replies are ``updated``.
-        """
-        updated = [self.update(*update) for update in updates or ()]
-        buffer = self.buffer
-        with buffer._lock:
-            log_masses = [self.hooks.log_mass(window, law) for law in laws]
-            info = {
-                "log_masses": log_masses,
-                "log_mass": max(log_masses),
-                "draws_left": self.hooks.draws_left(window),
-                "episodes": buffer.num_episodes,
-                "updated": updated,
-            }
-            if info["log_mass"] == -math.inf:  # what a refusal names (`draw.check`): O(E)
-                info |= self._why_empty(window)
-            return info
-
-    def _why_empty(self, window: Window) -> dict[str, Any]:
-        """The longest stored episode, and whether any has an anchor (reuse limit aside)."""
-        table = self.buffer._core.store.table
-        slots, owners = table.stored_slots(), table.owners()
-        first, total = engine.tensor(owners.first_stored), engine.tensor(owners.total)
-        at = engine.tensor(slots)
-        lengths = total[at] - first[at]  # each stored episode's stored steps
-        extra = window.open_anchor_span - window.anchor_span
-        anchors = engine.tensor(episode_anchors(owners, slots, window.anchor_span, extra))
-        longest = int(lengths.max()) if lengths.numel() else 0
-        return {"longest": longest, "eligible": bool((anchors > 0).any())}
-
-    def draw(
-        self,
-        count: int,
-        window: Window,
-        law: Any,
-        chunks: bool,
-        laws: tuple[Any, ...],
-        located: bool = False,
-        report: bool = False,
-        updates: Any = None,
-    ) -> dict[str, Any]:
-        """``count`` draws by ``law``; the kept ones packed, their priorities, the kept mask.
-
-        Also each kept anchor's probability in this shard under each of ``laws``
-        (``chances``, float64 ``[K, kept]``), the ``log`` totals they are relative to
-        (``log_totals``, before the draw) and after it (``log_masses``); see
-        `ShardHooks.draw_probed`. A shard with nothing to draw from (its episodes were
-        evicted or retired since the coordinator read its mass) keeps none, leaving its
-        random stream untouched. ``located`` (windows, ``transport="shared"``): ``batch``
-        holds where the records are, for the client to gather (`sharing.located`).
-        ``report`` (a stream's draw): ``updates`` are applied after the draw, and ``info``
-        is what `info` says then, the masses the stream's next draw starts from.
-        """
-        evicted = self._counters()[2]
-        if self.hooks.log_mass(window, law) == -math.inf:
-            reply: dict[str, Any] = {"batch": None, "priorities": None}
-            reply["kept"] = np.zeros(count, dtype=bool)
-        else:
-            reply = self._drawn(count, window, law, chunks, laws, located)
-        reply["log_masses"] = [self.hooks.log_mass(window, part) for part in laws]
-        if self._counters()[2] != evicted:  # retired episodes reclaimed
-            self._report()
-        if report:
-            reply["info"] = self.info(window, laws, updates)
-        return reply
-
-    def _drawn(self, count: int, window: Window, law: Any, *kinds: Any) -> dict[str, Any]:
-        """`draw` from a shard with mass: the batch (``kinds``: chunks, laws, located)."""
-        chunks, laws, located = kinds
-        locate: Callable[[Any], Any] | None = None
-        if located and self.shared is not None:
-            store = self.buffer._core.store
-
-            def locate_records(anchors: Any) -> dict[str, Any]:
-                return sharing.located(store, anchors, window)
-
-            locate = locate_records
-
-        drawn = self.hooks.draw_probed(count, window, law, laws, chunks, locate)
-        batch, priorities, kept, chances, log_totals = drawn
-        if locate is not None:
-            packed = batch["meta"]
-            assert self.shared is not None
-            batch["shard"], batch["epoch"] = self.index, self.shared.epoch
-            batch["descriptor"] = sharing.descriptor(self.buffer._core.store.ring, self.shared)
-            # A small reply travels inline. Compacted first: ids made global after it are
-            # the anchors' and the few records' that are not their anchor's.
-            sharing.compact(packed, window)
-        else:
-            packed = transport.pack_batch(batch)
-        for key in transport.ID_KEYS:
-            if key in packed:
-                packed[key] = self._global(packed[key])
-        if sharing.ODD_IDS in packed:
-            odd, values, dtype = packed[sharing.ODD_IDS]
-            packed[sharing.ODD_IDS] = (odd, self._global(values), dtype)
-        if transport.SEGMENT_KEY in packed:
-            packed[transport.SEGMENT_KEY] = self._global_segments(packed[transport.SEGMENT_KEY])
-        return {
-            "batch": batch if locate is not None else packed,
-            "priorities": None if priorities is None else priorities.numpy(),
-            "kept": kept.numpy(),
-            "chances": chances,
-            "log_totals": log_totals,
-        }
 
     # ---------------------------------------------------------------------- priorities
     def update(self, global_ids: np.ndarray, errors: np.ndarray) -> tuple[int, float | None, int]:
