@@ -38,6 +38,7 @@ from lucid_replay.distributed.client_state import Client
 from lucid_replay.distributed.mapped import Mapped, dtype_named, key_of
 from lucid_replay.ring import TransitionRing
 from lucid_replay.window import layout
+from lucid_replay.writer_pages import torch_dtype
 
 __all__: list[str] = []  # internal module
 
@@ -127,7 +128,8 @@ def _allocate(
         stack = (frames[name],) if frames[name] else ()
         shapes[f"data.{name}"] = ((size, width, *stack, *shape), dtype_named(dtype))
     for key, values in piece["meta"].items():
-        dtype = torch.from_numpy(np.empty(0, dtype=values.dtype)).dtype
+        dtype = torch_dtype(values.dtype)
+        assert dtype is not None  # the shard made every entry from a tensor
         shapes[key] = ((size, *values.shape[1:]), dtype)
     for key in ("learning_mask", "step_in_sequence"):
         shapes[key] = ((size, width), PER_RECORD[key])

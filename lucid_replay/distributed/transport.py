@@ -18,6 +18,7 @@ import torch
 from lucid_replay.batch import PER_RECORD, Batch, PrioritizedBatch, WindowBatch
 from lucid_replay.batch_memory import Shapes
 from lucid_replay.episode import Episode
+from lucid_replay.writer_pages import torch_dtype
 
 __all__: list[str] = []  # internal module
 
@@ -94,10 +95,8 @@ def shapes(pieces: list[Packed], size: int) -> Shapes:
     out: Shapes = {}
     for key, value in pieces[0].items():
         first = value[0] if isinstance(value, list) else value
-        if isinstance(first, torch.Tensor):
-            dtype = first.dtype
-        else:
-            dtype = torch.from_numpy(np.empty(0, dtype=first.dtype)).dtype
+        dtype = first.dtype if isinstance(first, torch.Tensor) else torch_dtype(first.dtype)
+        assert dtype is not None  # every packed array came from a tensor
         out[key] = ((size, *first.shape[1:]), dtype)
     return out
 
