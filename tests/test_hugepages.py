@@ -6,6 +6,7 @@ so these tests fail if the ring stops asking, or asks for the wrong range.
 
 from __future__ import annotations
 
+import mmap
 import platform
 import sys
 from pathlib import Path
@@ -130,7 +131,11 @@ def test_a_refused_advice_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch
 def test_memory_faulted_in_before_the_advice_is_collapsed_into_huge_pages() -> None:
     """Heap memory that an allocator hands back has its pages mapped already, where the
     advice alone leaves 4 KiB pages: the ring's field must end up on huge pages anyway."""
-    tensor = torch.empty(12 * 2**20, dtype=torch.uint8)
+    # Memory of our own, faulted in on 4 KiB pages: a heap block could be one that earlier
+    # tests in this process advised and collapsed already.
+    memory = mmap.mmap(-1, 12 * 2**20, flags=mmap.MAP_PRIVATE)  # anonymous, not shmem
+    memory.madvise(mmap.MADV_NOHUGEPAGE)
+    tensor = torch.frombuffer(memory, dtype=torch.uint8)
     tensor.fill_(1)  # faulted in without the advice: 4 KiB pages
     inside = _huge_page_inside(tensor)
     assert _mapping_at(inside)["AnonHugePages"] == "0 kB"
