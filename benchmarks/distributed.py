@@ -18,7 +18,8 @@ Rows, all in one run:
   batch (the same loop, the bar's baseline), ``of_in_process_calls`` by its
   ``sample_windows`` and ``update_priorities`` called without a prefetching thread (faster
   on two cores when the learner computes nothing); both timed again after each client, the
-  medians; each rate is the median of five blocks of 60 batches. Also bytes copied per
+  medians; each rate is the median of five blocks of 60 batches, after five seconds of
+  the same loop (one for the in-process loop; see `warm`). Also bytes copied per
   batch over its bytes (``transport_stats``) for 64 and 256 windows (``--only transport``
   runs just these).
 
@@ -81,6 +82,20 @@ def rate(call: Any, count: int, warmup: int = 3) -> float:
     for _ in range(count):
         call()
     return count / (time.perf_counter() - start)
+
+
+def warm(call: Any, seconds: float) -> None:
+    """Call ``call`` for ``seconds`` first: a client's steady state, not its first batches.
+
+    An ``"object"`` client's first few hundred batches run at a third to a half of its
+    steady rate: each reply is copied into memory of Ray's object store that nothing has
+    touched yet (the shard faulted in about 1,900 pages a batch at first, none once the
+    store's memory was in use; one shard made 42-211 batches/s in blocks of 60 over its
+    first 300 batches, 136-244 in the blocks after). A learner runs far longer than that.
+    """
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        call()
 
 
 def steady_rate(call: Any, count: int, blocks: int = 5) -> float:
@@ -231,7 +246,7 @@ def restart_rows(stored: int, after: int) -> list[dict[str, Any]]:
     return rows
 
 
-def transport_rows(transitions: int, batches: int) -> list[dict[str, Any]]:
+def transport_rows(transitions: int, batches: int, warmup: float = 5.0) -> list[dict[str, Any]]:
     buffer = PrioritizedSequenceReplay(transitions + 1000, seed=0)
     fill([buffer], transitions)
     errors = np.random.default_rng(0).random(BATCH)
@@ -248,6 +263,7 @@ def transport_rows(transitions: int, batches: int) -> list[dict[str, Any]]:
             batch = next(stream)
             buffer.update_priorities(batch.episode_ids, errors)
 
+        warm(streamed, warmup / 5)
         iterated = steady_rate(streamed, batches)
         stream.close()  # its thread stops: the next rate is measured without it
         return iterated, steady_rate(in_process_calls, batches)
@@ -268,6 +284,7 @@ def transport_rows(transitions: int, batches: int) -> list[dict[str, Any]]:
                 batch = next(stream)
                 replay.update_priorities(batch.episode_ids, errors, defer=True)
 
+            warm(streamed, warmup)
             speed = steady_rate(streamed, batches)
             stats = replay.transport_stats()
             rows.append(
@@ -338,7 +355,7 @@ def main() -> None:
     quick = args.quick
     transitions = 20_000 if quick else 200_000
     results: dict[str, list[dict[str, Any]]] = {
-        "transport": transport_rows(transitions, 5 if quick else 60),
+        "transport": transport_rows(transitions, 5 if quick else 60, 0.5 if quick else 5.0),
     }
     if args.only != "transport":
         results |= {
