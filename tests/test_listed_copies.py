@@ -1,7 +1,8 @@
 """Windows across seams with several torch threads: large fields by ``index_select``.
 
 The split copy (`lucid_replay.listed_copies`) must give the batch the single compiled call
-gives, byte for byte, and leave alone the rows of a call that lists only some of them.
+gives, byte for byte, and leave alone the rows of a call that lists only some of them. The
+compiled copies themselves (listed runs and whole blocks) read what numpy reads.
 """
 
 from __future__ import annotations
@@ -148,3 +149,50 @@ def test_segments_committed_back_to_back_are_listed_as_one_run_and_interleaved_o
         batch = buffer.gather_windows(torch.full_like(anchors, first_id), anchors, WINDOW)
         expected = (anchors[:, None] + torch.arange(-8, 26)).float()
         assert torch.equal(batch["obs"], expected)
+
+
+@pytest.mark.skipif(not engine.available(), reason="needs numba")
+@pytest.mark.parametrize("count", [1, 15, 16, 17, 40])
+def test_the_kernels_copy_the_records_numpy_reads_for_small_and_large_fields(count):
+    """`copy_runs` and `copy_blocks` against numpy, with runs of both kinds, runs across the
+    ring's end, and fields small and large (a small field's blocks are prefetched whole,
+    16 runs ahead; a large one's first line, 4 ahead): fewer runs than either distance,
+    and more."""
+    from lucid_replay import ring_copies
+
+    rng = np.random.default_rng(count)
+    capacity, size, base = 50, 12, 1000  # base: the offset of slot 0 in the oldest lap
+    widths = {"flag": 1, "reward": 4, "action": 8, "obs": 512}  # 12 x 512 B > 4 kB: large
+    ring = {
+        name: rng.integers(0, 256, (capacity, width), dtype=np.uint8)
+        for name, width in widths.items()
+    }
+    sources = np.array([a.ctypes.data for a in ring.values()], dtype=np.int64)
+    row_bytes = np.array(list(widths.values()), dtype=np.int64)
+
+    # Listed runs: window r % count gets run r; each window's runs tile its records.
+    runs, windows, expected_slots = [], [], np.zeros((count, size), dtype=np.int64)
+    for b in range(count):
+        cut = int(rng.integers(1, size))
+        for begin, end in ((0, cut), (cut, size)):
+            slot, kind = int(rng.integers(0, capacity)), int(rng.integers(0, 2))
+            runs.append((base + slot, begin, end, kind))
+            windows.append(b)
+            steps = np.arange(end - begin) if kind == 1 else np.zeros(end - begin, dtype=np.int64)
+            expected_slots[b, begin:end] = (slot + steps) % capacity
+    listed = np.ascontiguousarray(np.array(runs, dtype=np.int64).T)
+    out = {name: np.zeros((count, size, w), dtype=np.uint8) for name, w in widths.items()}
+    targets = np.array([a.ctypes.data for a in out.values()], dtype=np.int64)
+    ring_copies.copy_runs(
+        targets, sources, row_bytes, size, listed, np.array(windows), len(runs), capacity, base
+    )
+    for name in widths:
+        assert np.array_equal(out[name], ring[name][expected_slots]), name
+
+    slots = rng.integers(0, capacity - size + 1, count)  # whole blocks inside the ring
+    blocks = {name: np.zeros((count, size, w), dtype=np.uint8) for name, w in widths.items()}
+    targets = np.array([a.ctypes.data for a in blocks.values()], dtype=np.int64)
+    ring_copies.copy_blocks(targets, sources, row_bytes, slots, size, capacity)
+    for name in widths:
+        expected = ring[name][slots[:, None] + np.arange(size)]
+        assert np.array_equal(blocks[name], expected), name
