@@ -143,10 +143,13 @@ def test_every_registered_loop_is_its_module_global_compiled():
         ("lucid_replay.priorities", "route_loop"),
         ("lucid_replay.table_loops", "assign_priorities_loop"),
         ("lucid_replay.ring_copies", "gather_records"),
+        ("lucid_replay.raw_memory", "copy"),
+        ("lucid_replay.raw_memory", "prefetch_span"),
     ]:
         assert (module, name) in names
         assert type(getattr(sys.modules[module], name)).__name__ == "CPUDispatcher", name
     assert ring_copies.copy_blocks.py_func.__name__ == "copy_blocks"
+    assert ring_copies.copy is sys.modules["lucid_replay.raw_memory"].copy  # one dispatcher
 
 
 def test_use_switches_engines_and_restores_the_previous_one():
