@@ -212,7 +212,9 @@ def _prefetch_run(
 ) -> None:
     """Prefetch listed run ``r`` of a field: its first line, or every line if ``whole``.
 
-    ``at``: (``base``, ``capacity``, ``whole``), as `copy_runs` reads them.
+    ``at``: (``base``, ``capacity``, ``whole``), as `copy_runs` reads them. For a run
+    across the ring's end the lines past the end are not the run's: a prefetch there is
+    wasted, never a fault.
     """
     base, capacity, whole = at
     slot = runs[0, r] - base
