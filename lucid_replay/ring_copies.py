@@ -208,16 +208,14 @@ _AHEAD_SMALL = 16
 
 @jit
 def _prefetch_run(
-    source: int, width: int, runs: np.ndarray, r: int, at: tuple[int, int, bool]
+    source: int, width: int, runs: np.ndarray, r: int, base: int, capacity: int, whole: bool
 ) -> None:
-    """Prefetch listed run ``r`` of a field: its first line, or every line if ``whole``.
+    """Start the misses of listed run ``r`` of a field: every line if ``whole``, else its first.
 
-    ``at``: (``base``, ``capacity``, ``whole``), as `copy_runs` reads them. For a run
-    across the ring's end the lines past the end are not the run's: a prefetch there is
-    wasted, never a fault.
+    For a run across the ring's end the lines past the end are not the run's: a prefetch
+    there is wasted, never a fault.
     """
-    base, capacity, whole = at
-    slot = runs[0, r] - base
+    slot = runs[0, r] - base  # checked by `copy_runs` first: no `run_slot` guard here
     address = source + (slot - capacity if slot >= capacity else slot) * width
     if whole:
         prefetch_span(address, (runs[2, r] - runs[1, r] if runs[3, r] == 1 else 1) * width)
@@ -262,12 +260,12 @@ def copy_runs(
     for f in range(targets.shape[0]):
         width = row_bytes[f]
         small = width * size <= _SMALL_SPAN
-        ahead, at = (_AHEAD_SMALL if small else _AHEAD), (base, capacity, small)
+        ahead = _AHEAD_SMALL if small else _AHEAD
         for r in range(min(ahead, count) if small else 0):
-            _prefetch_run(sources[f], width, runs, r, at)
+            _prefetch_run(sources[f], width, runs, r, base, capacity, True)
         for r in range(count):
             if r + ahead < count:  # as copy_blocks: the run `ahead` on is read from cold memory
-                _prefetch_run(sources[f], width, runs, r + ahead, at)
+                _prefetch_run(sources[f], width, runs, r + ahead, base, capacity, small)
             slot = runs[0, r] - base
             if slot >= capacity:
                 slot -= capacity
