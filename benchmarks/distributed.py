@@ -20,8 +20,10 @@ Rows, all in one run:
   on two cores when the learner computes nothing); both timed again after each client, the
   medians; each rate is the median of five blocks of 60 batches, after five seconds of
   the same loop (one for the in-process loop; see `warm`). Also bytes copied per
-  batch over its bytes (``transport_stats``) for 64 and 256 windows (``--only transport``
-  runs just these).
+  batch over its bytes (``transport_stats``) for 64 and 256 windows; and the floor Ray's
+  object store sets under any ``"object"`` client here: an actor returning a batch's arrays
+  with no replay behind it (`benchmarks.ray_floor`), divided by the same medians
+  (``--only transport`` runs just these).
 
 Only the public API is used. On a 2-core machine every shard, writer and the learner share
 the same two cores: the numbers show per-call costs and overlap, not multi-node scaling.
@@ -39,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.ray_floor import floor_rows
 from lucid_replay import Episode, PrioritizedSequenceReplay, Window
 from lucid_replay.distributed import ShardedReplay
 
@@ -268,6 +271,10 @@ def transport_rows(transitions: int, batches: int, warmup: float = 5.0) -> list[
         stream.close()  # its thread stops: the next rate is measured without it
         return iterated, steady_rate(in_process_calls, batches)
 
+    def measured(call: Any) -> float:
+        warm(call, warmup)
+        return steady_rate(call, batches)
+
     # The in-process rates are measured again after every client (the cores' speed drifts
     # over a run): each row is a ratio to the medians of those measurements.
     bases = [in_process()]
@@ -284,8 +291,7 @@ def transport_rows(transitions: int, batches: int, warmup: float = 5.0) -> list[
                 batch = next(stream)
                 replay.update_priorities(batch.episode_ids, errors, defer=True)
 
-            warm(streamed, warmup)
-            speed = steady_rate(streamed, batches)
+            speed = measured(streamed)
             stats = replay.transport_stats()
             rows.append(
                 {"what": f"iterate + update, {transport}, {shards} shards",
@@ -302,6 +308,8 @@ def transport_rows(transitions: int, batches: int, warmup: float = 5.0) -> list[
                 )  # fmt: skip
             replay.close()
             bases.append(in_process())
+    rows += floor_rows(buffer.sample_windows(BATCH, WINDOW), measured)
+    bases.append(in_process())
     iterated, called = (float(np.median(column)) for column in zip(*bases, strict=True))
     for row in rows:
         if row["batches_per_s"] is not None:  # rows that measure bytes only are not timed
