@@ -2,15 +2,14 @@
 
 An actor hands the learner a batch's arrays (a real batch's: the same names, shapes, dtypes
 and bytes), as a shard of an ``"object"`` client hands it its piece, one call in flight as a
-stream keeps one draw in flight. Nothing is drawn, expanded or updated, so these rates bound
-what any client built on Ray's object store can reach on the machine, whatever the replay
-does:
+stream keeps one draw in flight. Nothing is drawn, expanded or updated:
 
 * ``returned``: the actor returns arrays it holds (Ray's copy into its store, and the read
-  that maps them: the transfer alone);
+  that maps them): the transfer alone, which bounds any client that moves a batch through
+  Ray's object store on the machine, whatever its replay does;
 * ``copied``: the actor first copies them into arrays it reuses (what a shard's gather
   writes), and the learner copies what it read into a batch it reuses (the merge): the
-  copies an ``"object"`` client makes, three of the batch's bytes.
+  copies an ``"object"`` client makes, three of the batch's bytes, which bound it.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ def floor_rows(batch: Any, measure: Callable[[Callable[[], None]], float]) -> li
 
     arrays = batch_arrays(batch)
     size = sum(values.nbytes for values in arrays.values())
+    # No CPU reserved, as a shard: it shares the cores with the learner, as shards do.
     actor: Any = ray.remote(num_cpus=0)(_Batches).remote(arrays)
     rows = []
     try:
