@@ -19,7 +19,7 @@ saved buffer's (files without it load; their trees are rebuilt when first drawn 
 
 ``data`` holds each field's stored transitions in offset order: one ``[stored, *shape]``
 tensor, or a list of pieces in order, ``[n, *shape]`` each (files from version 3 on): a file
-is written straight from the ring's memory (`TransitionRing.export`), which holds a field's
+is written straight from the ring's memory (`ring_export.export`), which holds a field's
 transitions in two pieces where they cross the ring's seam. `state_dict` always joins them.
 
 Files add ``checksum`` (from version 2): the SHA-256 of every other entry in a canonical
@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import attrs
 import torch
 
-from lucid_replay import files
+from lucid_replay import files, ring_export
 from lucid_replay.allocators import Allocator
 from lucid_replay.blocks import CACHE_BYTES
 from lucid_replay.errors import CheckpointError
@@ -117,7 +117,7 @@ def pack(snapshot: Snapshot, *, copy: bool = True) -> dict[str, Any]:
 
     With ``copy`` (`state_dict`), every tensor is a CPU copy and each field's data one
     ``[stored, *shape]`` tensor. Without it, the data are the ring's own memory, uncopied
-    (`TransitionRing.export`): a field is one tensor, or a list of two where its transitions
+    (`ring_export.export`): a field is one tensor, or a list of two where its transitions
     cross the ring's seam, on the ring's device. Write such a state out before the ring
     changes (`write`, under the buffer's lock).
     """
@@ -126,7 +126,8 @@ def pack(snapshot: Snapshot, *, copy: bool = True) -> dict[str, Any]:
     columns, episodes = table.saved_columns()
     data: dict[str, Any] = {}
     if snapshot.schema is not None and stored:
-        for name, pieces in ring.export(table.oldest_offset, stored):  # a field at a time
+        # A field at a time.
+        for name, pieces in ring_export.export(ring, table.oldest_offset, stored):
             if copy:
                 data[name] = torch.cat(pieces).cpu()  # a copy on the ring's device, if not CPU
             else:
@@ -211,7 +212,7 @@ def unpack(
         data = _checked_data(state["data"], schema, table)
         ring.allocate(schema)
         for name, pieces in data.items():
-            ring.fill(name, table.oldest_offset, pieces)
+            ring_export.fill(ring, name, table.oldest_offset, pieces)
     elif state["data"]:
         raise CheckpointError("checkpoint data must be empty with no stored transitions")
     else:

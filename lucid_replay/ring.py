@@ -3,13 +3,14 @@
 Transitions are addressed by their global *offset* (see `lucid_replay.table`); a stored
 offset lives in ring slot ``offset % capacity``. Each field's storage comes from the ring's
 allocator (`lucid_replay.allocators`). The gather's raw-memory copies, compiled, are beside it
-in `lucid_replay.ring_copies`.
+in `lucid_replay.ring_copies`; a checkpoint's fields go out and back in through
+`lucid_replay.ring_export`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -204,30 +205,6 @@ class TransitionRing:
         """Return a copy of the ``length`` transitions starting at global ``offset``."""
         positions = torch.arange(offset, offset + length, device=self.device) % self.capacity
         return self.gather(positions)
-
-    def export(self, offset: int, length: int) -> Iterator[tuple[str, list[torch.Tensor]]]:
-        """Each field's ``length`` transitions from global ``offset`` on, in order, uncopied.
-
-        A field is one piece, or two where they cross the ring's seam (up to the last slot,
-        then on from slot 0): tensors over the ring's memory whose storages are exactly their
-        bytes, which `torch.save` writes, and no others. Valid until those slots are rewritten.
-        """
-        begin = offset % self.capacity
-        first = min(length, self.capacity - begin)
-        spans = [(begin, first)] if first == length else [(begin, first), (0, length - first)]
-        for name, store in self.fields.items():
-            yield name, [_alias(store, start, count) for start, count in spans]
-        if self.compressed is not None:
-            yield from self.compressed.export(spans)
-
-    def fill(self, name: str, offset: int, pieces: Iterable[torch.Tensor]) -> None:
-        """Write field ``name``'s transitions from global ``offset`` on: `export`'s inverse.
-
-        Piece after piece, ``[T, ...]`` each, ``capacity`` transitions at most in all.
-        """
-        for piece in pieces:
-            self.write(offset, {name: piece})
-            offset += piece.shape[0]
 
     def gather(
         self, positions: torch.Tensor, out: Mapping[str, torch.Tensor] | None = None
@@ -465,19 +442,6 @@ def _ring_copies() -> ModuleType:
 
         _copies = ring_copies
     return _copies
-
-
-def _alias(store: torch.Tensor, start: int, count: int) -> torch.Tensor:
-    """Rows ``start .. start+count-1`` of ``store``, over a storage of exactly their bytes.
-
-    Not a slice of ``store``, which shares (and `torch.save` writes) its whole storage: a
-    slice of the storage itself, which keeps ``store``'s memory alive.
-    """
-    row = math.prod(store.shape[1:]) * store.element_size()
-    at = store.storage_offset() * store.element_size() + start * row
-    storage = store.untyped_storage()[at : at + count * row]
-    alias = torch.empty((0,), dtype=store.dtype, device=store.device)
-    return alias.set_(storage, 0, (count, *store.shape[1:]), store.stride())
 
 
 def _offsets(
