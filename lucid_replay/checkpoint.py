@@ -126,7 +126,6 @@ def pack(snapshot: Snapshot, *, copy: bool = True) -> dict[str, Any]:
     columns, episodes = table.saved_columns()
     data: dict[str, Any] = {}
     if snapshot.schema is not None and stored:
-        # A field at a time.
         for name, pieces in ring_export.export(ring, table.oldest_offset, stored):
             if copy:
                 data[name] = torch.cat(pieces).cpu()  # a copy on the ring's device, if not CPU
