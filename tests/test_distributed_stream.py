@@ -101,6 +101,24 @@ def test_deferred_updates_ride_the_draw_calls_and_apply_after_the_draw() -> None
     assert largest == pytest.approx(7.0 + replay.epsilon)
 
 
+@pytest.mark.parametrize("transport", ["shared", "object"])
+def test_a_stream_after_a_deferred_update_draws_what_calls_after_that_update_draw(transport):
+    """The update rides the draw in flight's successor and applies after it; the draw after
+    that starts from the masses the shards reported then: the updated ones."""
+    replay, twin = _replay(transport), _replay(transport)
+    errors = np.linspace(0.1, 40.0, 16)
+    stream = replay.iterate(16, WINDOW)
+    streamed = [next(stream)]
+    replay.update_priorities(streamed[0].episode_ids, errors, defer=True)
+    streamed += [next(stream), next(stream), next(stream)]
+    stream.close()
+    expected = [twin.sample_windows(16, WINDOW) for _ in range(3)]
+    twin.update_priorities(expected[0].episode_ids, errors)
+    expected.append(twin.sample_windows(16, WINDOW))
+    for batch, wanted in zip(streamed, expected, strict=True):
+        _same(batch, wanted)
+
+
 @pytest.mark.parametrize("refusal", ["empty", "spent component"])
 def test_a_refused_stream_draw_keeps_the_queued_updates(refusal) -> None:
     """A draw refused before any call is sent (by the check, or while labelling a mixture
