@@ -96,6 +96,7 @@ class ShardHooks:
         laws: tuple[Any, ...],
         chunks: bool,
         locate: Callable[[Anchors], Any] | None = None,
+        totals: list[float] | None = None,
     ) -> tuple[Any, torch.Tensor | None, torch.Tensor, np.ndarray, list[float]]:
         """`draw_round`, plus what the coordinator needs for the kept draws' probabilities.
 
@@ -104,13 +105,15 @@ class ShardHooks:
         those trees' ``log`` totals ``[K]`` (`log_mass`). A `Mixture` ``law`` (a replay of
         one shard: ``laws`` is ``(law,)``) is drawn whole, as the buffer draws it, every
         draw kept, with its own probabilities. ``locate`` (windows): what it returns of the
-        drawn anchors replaces the batch (`ReplayCore.draw_round`).
+        drawn anchors replaces the batch (`ReplayCore.draw_round`). ``totals``: the log
+        totals of ``laws`` as the caller just read them (`log_mass`), not read again.
         """
         buffer = self.buffer
         target = buffer._batch_device(None)
         with buffer._lock:
             core = buffer._core
-            totals = [self.log_mass(window, part) for part in laws]
+            if totals is None:
+                totals = [self.log_mass(window, part) for part in laws]
             if isinstance(law, Mixture) and locate is not None:
                 anchors = core.draw(count, window, law)
                 result = locate(anchors)

@@ -30,17 +30,25 @@ class ShardDraws(ShardBase):
     """The drawing calls of `ReplayShard` (mixed in; see `ShardBase`)."""
 
     def info(
-        self, window: Window, laws: tuple[Any, ...], updates: list[Any] | None = None
+        self,
+        window: Window,
+        laws: tuple[Any, ...],
+        updates: list[Any] | None = None,
+        masses: list[float] | None = None,
     ) -> dict[str, Any]:
         """What the coordinator needs before a draw of ``window`` by each of ``laws``.
 
         ``updates``: priority updates that ride this request (``(ids, errors)`` checked by
         the client, applied first, in order); their `update` replies are ``updated``.
+        ``masses``: the log masses of ``laws`` as `draw` just read them, kept when no update
+        came between.
         """
         updated = [self.update(*update) for update in updates or ()]
         buffer = self.buffer
         with buffer._lock:
-            log_masses = [self.hooks.log_mass(window, law) for law in laws]
+            log_masses = masses if masses is not None and not updated else None
+            if log_masses is None:
+                log_masses = [self.hooks.log_mass(window, law) for law in laws]
             info = {
                 "log_masses": log_masses,
                 "log_mass": max(log_masses),
@@ -88,21 +96,24 @@ class ShardDraws(ShardBase):
         is what `info` says then, the masses the stream's next draw starts from.
         """
         evicted = self._counters()[2]
-        if self.hooks.log_mass(window, law) == -math.inf:
+        # The masses are read once before the draw and once after (calls run one at a time).
+        totals = [self.hooks.log_mass(window, part) for part in laws]
+        mass = totals[laws.index(law)] if law in laws else self.hooks.log_mass(window, law)
+        if mass == -math.inf:
             reply: dict[str, Any] = {"batch": None, "priorities": None}
             reply["kept"] = np.zeros(count, dtype=bool)
         else:
-            reply = self._drawn(count, window, law, chunks, laws, located)
+            reply = self._drawn(count, window, law, chunks, laws, located, totals)
         reply["log_masses"] = [self.hooks.log_mass(window, part) for part in laws]
         if self._counters()[2] != evicted:  # retired episodes reclaimed
             self._report()
         if report:
-            reply["info"] = self.info(window, laws, updates)
+            reply["info"] = self.info(window, laws, updates, reply["log_masses"])
         return reply
 
     def _drawn(self, count: int, window: Window, law: Any, *kinds: Any) -> dict[str, Any]:
-        """`draw` from a shard with mass: the batch (``kinds``: chunks, laws, located)."""
-        chunks, laws, located = kinds
+        """`draw` from a shard with mass (``kinds``: chunks, laws, located, log totals)."""
+        chunks, laws, located, totals = kinds
         locate: Callable[[Any], Any] | None = None
         if located and self.shared is not None:
             store = self.buffer._core.store
@@ -112,7 +123,7 @@ class ShardDraws(ShardBase):
 
             locate = locate_records
 
-        drawn = self.hooks.draw_probed(count, window, law, laws, chunks, locate)
+        drawn = self.hooks.draw_probed(count, window, law, laws, chunks, locate, totals)
         batch, priorities, kept, chances, log_totals = drawn
         if locate is not None:
             packed = batch["meta"]
