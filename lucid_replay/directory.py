@@ -82,11 +82,9 @@ class EpisodeDirectory:
     def _allocate(self, slots: int) -> None:
         old, device = getattr(self, "columns", None), self.device
         self.slot_count = slots
-        # The int64 columns are the rows of one matrix (each a contiguous view), so that a
-        # compiled loop takes them as one argument (`integers`, rows in `INTEGER_COLUMNS`).
-        self.integers = torch.empty(
-            (len(INTEGER_COLUMNS), slots), dtype=torch.int64, device=self.device
-        )
+        # The int64 columns are the rows of one matrix (`engine.integer_columns`; rows in
+        # `INTEGER_COLUMNS`).
+        self.integers = engine.integer_columns(len(INTEGER_COLUMNS), slots, self.device)
         integer_rows = dict(zip(INTEGER_COLUMNS, self.integers, strict=True))
         self.columns = {
             name: integer_rows[name].fill_(fill)

@@ -356,7 +356,8 @@ def expand_segments_loop(
             is_init[b, k] = k == first_valid
             terminal[b, k] = ended and step == last
             record_ids[b, k] = episode
-            if constants:
+        if constants:  # a pass of its own: tested in the pass above, the loop ran ~5% longer
+            for k in range(size):
                 learning[b, k] = learning_first <= k < learning_end
                 sequence[b, k] = k
         if dilation == 1:  # the window's runs, walking its segments' bounds

@@ -126,10 +126,10 @@ class EpisodeTable:
         def column(dtype: torch.dtype, fill: float | int | bool) -> torch.Tensor:
             return torch.full((slots,), fill, dtype=dtype, device=self.device)
 
-        # The int64 columns are the rows of one matrix (each a contiguous view), so that a
-        # compiled loop takes them as one argument (`integers`, rows in `INTEGER_COLUMNS`).
+        # The int64 columns are the rows of one matrix (`engine.integer_columns`; rows in
+        # `INTEGER_COLUMNS`).
         names = INTEGER_COLUMNS[: 9 if self.directory is not None else 4]
-        self.integers = torch.empty((len(names), slots), dtype=torch.int64, device=self.device)
+        self.integers = engine.integer_columns(len(names), slots, self.device)
         for row, name in zip(self.integers, names, strict=True):
             row.fill_(-1 if name in ("episode_id", "slot", "prev_key", "next_key") else 0)
         self.episode_id, self.start, self.length, self.times_sampled = self.integers[:4]

@@ -75,3 +75,22 @@ def test_first_unissued_names_the_first_id_the_table_never_issued(ids, expected)
     """Ids outside [0, next_id) were never issued (evicted ones were): the first one's position."""
     table = _table()
     assert table.first_unissued(engine.view(torch.tensor(ids, dtype=torch.int64))) == expected
+
+
+@pytest.mark.parametrize("segmented", [False, True])
+def test_a_rows_integers_lie_side_by_side_and_survive_growth(segmented):
+    """The int64 columns are row-major: one row's integers (a segment's first step, length,
+    links and base; an episode's total and first stored step) are adjacent in memory, also
+    after the table grows, and each column still reads its own values."""
+    table = EpisodeTable(torch.device("cpu"), segmented=segmented)
+    for length in range(1, 1500):  # past the first 1024 rows: the table grows
+        table.append(length, terminated=False, priority=1.0)
+    matrices = [table.integers]
+    if segmented:
+        assert table.directory is not None
+        matrices.append(table.directory.integers)
+    assert table.row_count > 1024
+    for matrix in matrices:
+        assert matrix.stride() == (1, matrix.shape[0])
+    assert table.length[:1499].tolist() == list(range(1, 1500))
+    assert table.start[:1499].tolist() == [n * (n - 1) // 2 for n in range(1, 1500)]
