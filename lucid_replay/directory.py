@@ -82,8 +82,8 @@ class EpisodeDirectory:
     def _allocate(self, slots: int) -> None:
         old, device = getattr(self, "columns", None), self.device
         self.slot_count = slots
-        # The int64 columns are the rows of one matrix (`engine.integer_columns`; rows in
-        # `INTEGER_COLUMNS`).
+        # Column c of `INTEGER_COLUMNS` is `integers[c]`, a view of one row-major matrix
+        # (`engine.integer_columns`).
         self.integers = engine.integer_columns(len(INTEGER_COLUMNS), slots, self.device)
         integer_rows = dict(zip(INTEGER_COLUMNS, self.integers, strict=True))
         self.columns = {

@@ -153,7 +153,7 @@ def host_views(steps: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray] | Non
 
 
 def integer_columns(count: int, rows: int, device: torch.device) -> torch.Tensor:
-    """An uninitialised int64 matrix ``[count, rows]`` of ``count`` columns of ``rows`` rows.
+    """``count`` uninitialised int64 columns of ``rows`` entries, as one matrix ``[count, rows]``.
 
     Column ``c`` is ``matrix[c]``, so that a compiled loop takes every column as one
     argument. The memory is row-major (each column a strided view): a window reads several

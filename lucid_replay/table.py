@@ -126,8 +126,8 @@ class EpisodeTable:
         def column(dtype: torch.dtype, fill: float | int | bool) -> torch.Tensor:
             return torch.full((slots,), fill, dtype=dtype, device=self.device)
 
-        # The int64 columns are the rows of one matrix (`engine.integer_columns`; rows in
-        # `INTEGER_COLUMNS`).
+        # Column c of `INTEGER_COLUMNS` is `integers[c]`, a view of one row-major matrix
+        # (`engine.integer_columns`).
         names = INTEGER_COLUMNS[: 9 if self.directory is not None else 4]
         self.integers = engine.integer_columns(len(names), slots, self.device)
         for row, name in zip(self.integers, names, strict=True):
