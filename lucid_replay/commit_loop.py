@@ -43,13 +43,13 @@ def commit(
     length = int(next(iter(steps.values())).shape[0])
     state = directory.host
     oldest_before = table.oldest_offset
-    # The episodes that leave: at most one per evicted segment, and the segments evicted
-    # before the last hold fewer than `length` steps (each at least one).
-    gone = np.empty(length + 1, dtype=np.int64)
     reach = segments.need_of_trees()
-    # The evicted rows, the new one, and the episode's rows within `reach` of its end.
-    noted_most = length + 3 + min(int(state["num_segments"][slot]), reach)
-    dirty = np.empty(noted_most, dtype=np.int64)
+    gone, dirty = segments.scratch  # the compiled loop does not check its bounds: sized here
+    if gone.shape[0] <= length or dirty.shape[0] < length + 3 + reach:
+        # The episodes that leave: at most one per evicted segment, and the segments evicted
+        # before the last hold fewer than `length` steps (each at least one). The rows noted:
+        # the evicted ones, the new one, and the episode's rows within `reach` of its end.
+        gone, dirty = segments.scratch = _scratch(length + 1), _scratch(length + 3 + reach)
     if table.num_episodes == table.row_count and not table.count_to_evict(store.capacity, length):
         table.make_room()  # every row taken and none to evict: grow, as `EpisodeTable.append`
     # mypy counts the star-unpacked tuples wrongly: the loop's signature is typed.
@@ -91,6 +91,11 @@ def commit(
     store.counts["episodes_added"] += int(new_episode)
     store.counts["transitions_added"] += length
     return int(key)
+
+
+def _scratch(size: int) -> np.ndarray:
+    """Index space for `commit_loop`'s lists, kept by `Segments` from commit to commit."""
+    return np.empty(size, dtype=np.int64)
 
 
 # Rows of the int64 matrices `EpisodeTable.integers` and `EpisodeDirectory.integers`.

@@ -126,3 +126,26 @@ def test_episodes_leave_in_the_order_their_last_segments_are_evicted() -> None:
     assert results[0] == results[1]
     assert results[0][1] == 6
     assert results[0][0][-6:] == [5, 4, 3, 2, 1, 0]  # their slots, oldest segment first
+
+
+def test_compiled_commits_reuse_their_index_space_and_grow_it_for_longer_segments() -> None:
+    """The loop does not check its bounds: its lists must fit the longest commit so far."""
+    buffer = PrioritizedSequenceReplay(20, segment_length=8, seed=0)
+    segments = buffer._core.store.segments
+    with engine.use("kernels"):
+        stream = buffer.open_episode()
+        stream.append({"obs": torch.zeros(2)})
+        stream.flush()  # a segment of 2
+        gone, dirty = segments.scratch
+        assert gone.shape[0] >= 3 and dirty.shape[0] >= 2 + 3
+        stream.append({"obs": torch.ones(2)})
+        stream.flush()
+        assert segments.scratch[0] is gone and segments.scratch[1] is dirty  # reused
+        for value in range(4):  # segments of 8, the last two evicting the older ones
+            stream.append({"obs": torch.full((8,), float(value))})
+        longer, noted = segments.scratch
+        assert longer.shape[0] >= 9 and noted.shape[0] >= 8 + 3
+        stream.close(terminated=True)
+        stored = buffer[stream.episode_id]
+    assert stored["obs"].tolist() == [2.0] * 8 + [3.0] * 8
+    assert buffer.episode_info(stream.episode_id).first_step == 20
