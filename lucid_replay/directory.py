@@ -9,7 +9,8 @@ the directory holds O(1) per live episode however many episodes came before.
 
 Episode ids map to slots through a sorted id index (ids are issued in increasing order, so an
 insert is an append; a dropped id leaves a tombstone until the next compaction): lookups of
-``B`` ids are one vectorised binary search.
+``B`` ids are one vectorised binary search (with the compiled loops, `slots_of_loop`; and
+`anchor_rows_loop` goes on from each slot to the segment holding a given step).
 """
 
 from __future__ import annotations
@@ -183,6 +184,10 @@ class EpisodeDirectory:
     def slots_of(self, episode_ids: np.ndarray) -> np.ndarray:
         """The slots of live episodes ``episode_ids`` (int64 numpy), -1 for the others."""
         size = self._index_size
+        if engine.compiled(episode_ids):
+            flat = np.ascontiguousarray(episode_ids, dtype=np.int64).reshape(-1)
+            found_slots = slots_of_loop(self._index_ids, self._index_slots, size, flat)
+            return found_slots.reshape(episode_ids.shape)
         ids = self._index_ids[:size]
         positions = np.minimum(np.searchsorted(ids, episode_ids), max(size - 1, 0))
         if size == 0:
@@ -274,3 +279,71 @@ class EpisodeDirectory:
 
 COLUMNS = tuple(_COLUMNS)
 DTYPES = {name: dtype for name, (dtype, _) in _COLUMNS.items()}
+
+
+@engine.jit
+def slots_of_loop(
+    index_ids: np.ndarray, index_slots: np.ndarray, size: int, episode_ids: np.ndarray
+) -> np.ndarray:
+    """`EpisodeDirectory.slots_of`, compiled: a binary search per id, level by level.
+
+    Every search of ``size`` sorted ids takes the same steps, so one level of all of them is
+    one loop of independent reads (a cold index is read with many misses in flight, not one
+    chain per id), each step a select rather than a branch that a random id mispredicts
+    (256 ids of a 3,883-id index, inside the benchmark's gathers across seams: 28 -> 12 us).
+    """
+    count = episode_ids.shape[0]
+    slots = np.full(count, -1, dtype=np.int64)
+    if size == 0:
+        return slots
+    base = np.zeros(count, dtype=np.int64)
+    remaining = size
+    while remaining > 1:  # base: the last position whose id is below the wanted one, or 0
+        half = remaining >> 1
+        for i in range(count):
+            at = base[i]
+            base[i] = at + half if index_ids[at + half] < episode_ids[i] else at
+        remaining -= half
+    for i in range(count):
+        position = base[i] + (index_ids[base[i]] < episode_ids[i])
+        if position < size and index_ids[position] == episode_ids[i]:
+            slots[i] = index_slots[position]
+    return slots
+
+
+@engine.jit
+def anchor_rows_loop(
+    episode_ids: np.ndarray,
+    steps: np.ndarray,
+    index_ids: np.ndarray,
+    index_slots: np.ndarray,
+    index_size: int,
+    num_segments: np.ndarray,
+    first_stored: np.ndarray,
+    total: np.ndarray,
+    first_key: np.ndarray,
+    row_mask: int,
+    first_step: np.ndarray,
+    length: np.ndarray,
+    next_key: np.ndarray,
+) -> tuple[np.ndarray, int]:
+    """`Segments.anchors`' lookups, compiled: the row of the segment holding each anchor.
+
+    The episode's slot (`slots_of_loop`), then its chain of segments (the table's columns
+    ``first_step``, ``length`` and ``next_key``) from its oldest stored one. Returns the
+    rows and -1, or (the rows unfinished and) the first anchor refused (an id not stored, a
+    step not stored), for the array code to raise its error. One call instead of a dozen
+    array operations, each of which a gather pays for in cold code and data: 256 anchors
+    across seams looked up in 38 us instead of 72 (the benchmark's gathers).
+    """
+    slots = slots_of_loop(index_ids, index_slots, index_size, episode_ids)
+    rows = np.empty(episode_ids.shape[0], dtype=np.int64)
+    for i in range(episode_ids.shape[0]):
+        slot, step = slots[i], steps[i]
+        if slot < 0 or num_segments[slot] <= 0 or not first_stored[slot] <= step < total[slot]:
+            return rows, i
+        row = first_key[slot] & row_mask
+        while step >= first_step[row] + length[row]:
+            row = next_key[row] & row_mask
+        rows[i] = row
+    return rows, -1

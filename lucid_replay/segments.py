@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lucid_replay import directory as directories
 from lucid_replay import engine
 from lucid_replay.checks import as_id, as_vector, check_int
 from lucid_replay.directory import EpisodeDirectory
@@ -296,7 +297,25 @@ class Segments:
         if ids.shape != steps.shape:
             raise must("anchor_steps", f"as long as episode_ids ({ids.numel()})", steps.numel())
         host, host_steps = directory.host, steps.cpu().numpy()  # checked on the host copies
-        slots = directory.slots_of(ids.cpu().numpy())
+        host_ids, table = ids.cpu().numpy(), self.store.table
+        if table.device.type == "cpu" and engine.compiled(host_ids):
+            column = table.arrays
+            found, refused = directories.anchor_rows_loop(
+                host_ids,
+                host_steps,
+                *directory.index(),
+                host["num_segments"],
+                host["first_stored"],
+                host["total"],
+                host["first_key"],
+                table.row_count - 1,
+                column["first_step"],
+                column["length"],
+                column["next_key"],
+            )
+            if refused < 0:
+                return Anchors(found, host_ids, host_steps)
+        slots = directory.slots_of(host_ids)
         stored = (slots >= 0) & (host["num_segments"][slots] > 0)
         if not stored.all():
             self.live_slot(int(ids[torch.from_numpy(~stored)][0]), stored=True)
