@@ -19,7 +19,8 @@ branch on `compiled`. `jit` leaves the Python function in place; the first time 
 answers True, every registered loop's module global is replaced by its numba dispatcher
 (before any of them is compiled, so that loops calling loops, also in another module
 through ``module.loop``, compile against each other), compiled on first call and cached on
-disk. Numba checks a cached loop against its own file only: after editing a loop that a loop
+disk. Inside them `prefetch(address)` is a cache hint (`prefetchers`), a no-op from Python.
+Numba checks a cached loop against its own file only: after editing a loop that a loop
 in another module calls, touch that module (or clear ``__pycache__``); the engine-equality
 tests catch a stale build. `use` switches engines (tests run every path on CPU with it).
 This module imports nothing from lucid_replay.
@@ -58,6 +59,7 @@ _kernels_on = os.environ.get("LUCID_REPLAY_KERNELS", "1") != "0"
 _loops: list[Callable[..., Any]] = []  # registered by `jit`, in import order
 _compiled_ready: bool | None = None  # None: numba not tried yet; False: missing
 _swap_lock = threading.Lock()
+_prefetchers: tuple[Any, Any] | None = None  # see `prefetchers`
 
 
 # ------------------------------------------------------------------- the compiled loops
@@ -86,6 +88,70 @@ def available() -> bool:
     return _ready()
 
 
+def prefetch(address: int) -> None:
+    """Hint that the cache line at ``address`` (an int64) is about to be read.
+
+    In a compiled loop, LLVM's prefetch (`prefetchers`): the miss starts now, while the
+    loop goes on; it never faults and changes no byte, so any address may be named. Called
+    from Python it does nothing.
+    """
+
+
+def _compile_prefetch() -> None:
+    """Compile `prefetch` in loops as the read hint of `prefetchers` (Python's stays a no-op)."""
+    from numba.extending import overload
+
+    read = prefetchers()[0]
+
+    @overload(prefetch)
+    def _hint(address: Any) -> Any:
+        def hint(address: Any) -> None:
+            read(address)
+
+        return hint
+
+
+@jit
+def prefetch_entry(values: np.ndarray, index: int) -> None:
+    """`prefetch` of the cache line holding ``values[index]`` (1-d, any stride)."""
+    prefetch(np.int64(values.ctypes.data) + index * np.int64(values.strides[0]))
+
+
+def prefetchers() -> tuple[Any, Any]:
+    """The compiled loops' cache hints: ``(read, write)``, each ``hint(address)``.
+
+    Numba intrinsics for LLVM's prefetch of the line at an int64 address (into every cache
+    level), built once; `prefetch` is the first inside compiled loops. Needs numba.
+    """
+    global _prefetchers
+    if _prefetchers is None:
+        from llvmlite import ir  # type: ignore[import-untyped]  # no py.typed
+        from numba import types
+        from numba.core import cgutils
+        from numba.extending import intrinsic
+
+        pointer, word = cgutils.voidptr_t, ir.IntType(32)
+        signature = ir.FunctionType(ir.VoidType(), [pointer, word, word, word])
+
+        def hint(write: int) -> Any:
+            def typed(typing_context: Any, address: Any) -> Any:
+                def generate(context: Any, builder: Any, signature_: Any, args: Any) -> Any:
+                    function = builder.module.declare_intrinsic(
+                        "llvm.prefetch", [pointer], signature
+                    )
+                    # read (0) or write (1); locality 3: keep it in all levels; 1: data
+                    where = builder.inttoptr(args[0], pointer)
+                    builder.call(function, [where, word(write), word(3), word(1)])
+                    return context.get_dummy_value()
+
+                return types.void(types.int64), generate
+
+            return intrinsic(typed)
+
+        _prefetchers = (hint(0), hint(1))
+    return _prefetchers
+
+
 def _ready() -> bool:
     """Import numba and swap in every registered loop's dispatcher, once; False without it."""
     global _compiled_ready
@@ -97,6 +163,7 @@ def _ready() -> bool:
                 except ImportError:
                     _compiled_ready = False
                 else:
+                    _compile_prefetch()
                     for loop in _loops:  # all swapped before any is compiled
                         setattr(sys.modules[loop.__module__], loop.__name__, _compile(loop))
                     _compiled_ready = True

@@ -69,26 +69,7 @@ load_int, store_int = _access(32)
 load_byte, store_byte = _access(8)
 
 
-def _prefetch(write: int) -> Any:
-    """``prefetch(address)``: fetch the line of ``address`` into every cache level."""
-
-    def prefetch(typing_context: Any, address: Any) -> Any:
-        def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            word = ir.IntType(32)
-            function = builder.module.declare_intrinsic(
-                "llvm.prefetch", [pointer], ir.FunctionType(ir.VoidType(), [pointer, *[word] * 3])
-            )
-            # read (0) or write (1); locality 3: keep it in all levels; 1: a data cache
-            where = builder.inttoptr(args[0], pointer)
-            builder.call(function, [where, word(write), word(3), word(1)])
-            return context.get_dummy_value()
-
-        return types.void(types.int64), generate
-
-    return intrinsic(prefetch)
-
-
-prefetch_read, prefetch_write = _prefetch(0), _prefetch(1)
+prefetch_read, prefetch_write = engine.prefetchers()
 
 
 @jit

@@ -127,3 +127,15 @@ def test_no_module_keeps_the_python_twin_of_a_compiled_loop():
         if id(value) in loops
     ]
     assert stale == []
+
+
+def test_prefetch_is_a_hint_that_never_faults_nor_writes():
+    """`engine.prefetch` does nothing from Python; inside a compiled loop it starts a cache
+    miss at any address, in the array or far outside it, without a fault or a write."""
+    assert engine.prefetch(0) is None
+    pytest.importorskip("numba")
+    assert engine.available()
+    values = np.arange(8)
+    for index in (0, 7, 8, -1, 2**40, -(2**40)):
+        engine.prefetch_entry(values, index)
+    np.testing.assert_array_equal(values, np.arange(8))
