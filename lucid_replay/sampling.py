@@ -366,7 +366,8 @@ def draw_rows_loop(
 
     The rows' table entries, then their episodes', are fetched in loops of their own, each
     a loop of independent misses, before the loop that reads them: 256 draws from a swept
-    table of 10M transitions in segments, 48 -> 38 us (the descent before them 76 -> 48).
+    table of 10M transitions in segments, 48 -> 38 us (76 us before `descend_loop` also
+    fetched ahead).
     """
     rows = sum_tree.descend_loop(tree, uniforms[:, 0] * tree[1], levels)
     for i in range(rows.shape[0]):
