@@ -15,9 +15,9 @@ ENGINES = [name for name in engine.ENGINES if name != "kernels" or engine.availa
 
 
 def _buffer() -> SequenceReplay:
-    """Segments of 3 steps: evicted episodes (tombstones in the id index), two episodes
-    streamed at once (their segments interleaved in the ring), one of them open with its
-    head evicted (id 1), one open with nothing stored (id 6), closed ones."""
+    """Segments of 3 steps: an evicted episode (id 0, a tombstone in the id index), two
+    episodes streamed at once (their segments interleaved in the ring), one of them open
+    with its head evicted (id 1), one open with nothing stored (id 6), closed ones."""
     buffer = SequenceReplay(capacity=40, segment_length=3, seed=5)
     buffer.add(Episode({"x": torch.arange(5)}))  # id 0: evicted below
     head, other = buffer.open_episode(), buffer.open_episode()  # ids 1 and 2
