@@ -9,8 +9,8 @@ the directory holds O(1) per live episode however many episodes came before.
 
 Episode ids map to slots through a sorted id index (ids are issued in increasing order, so an
 insert is an append; a dropped id leaves a tombstone until the next compaction): lookups of
-``B`` ids are one vectorised binary search (with the compiled loops, `slots_of_loop`; and
-`anchor_rows_loop` goes on from each slot to the segment holding a given step).
+``B`` ids are one vectorised binary search (with the compiled loops, `slots_of_loop`;
+`stored_slots_loop` also checks that given steps are stored).
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ def slots_of_loop(
 
 
 @engine.jit
-def anchor_rows_loop(
+def stored_slots_loop(
     episode_ids: np.ndarray,
     steps: np.ndarray,
     index_ids: np.ndarray,
@@ -321,29 +321,16 @@ def anchor_rows_loop(
     num_segments: np.ndarray,
     first_stored: np.ndarray,
     total: np.ndarray,
-    first_key: np.ndarray,
-    row_mask: int,
-    first_step: np.ndarray,
-    length: np.ndarray,
-    next_key: np.ndarray,
 ) -> tuple[np.ndarray, int]:
-    """`Segments.anchors`' lookups, compiled: the row of the segment holding each anchor.
+    """The slots of episodes ``episode_ids`` whose steps ``steps`` are stored, compiled.
 
-    The episode's slot (`slots_of_loop`), then its chain of segments (the table's columns
-    ``first_step``, ``length`` and ``next_key``) from its oldest stored one. Returns the
-    rows and -1, or (the rows unfinished and) the first anchor refused (an id not stored, a
-    step not stored), for the array code to raise its error. One call instead of a dozen
-    array operations, each of which a gather pays for in cold code and data: 256 anchors
-    across seams looked up in 38 us instead of 72 (the benchmark's gathers).
+    `slots_of_loop`, then the checks of `Segments.anchors` in the same call: returns the
+    slots and -1, or the slots and the first pair refused (an id not stored, a step not
+    stored).
     """
     slots = slots_of_loop(index_ids, index_slots, index_size, episode_ids)
-    rows = np.empty(episode_ids.shape[0], dtype=np.int64)
     for i in range(episode_ids.shape[0]):
         slot, step = slots[i], steps[i]
         if slot < 0 or num_segments[slot] <= 0 or not first_stored[slot] <= step < total[slot]:
-            return rows, i
-        row = first_key[slot] & row_mask
-        while step >= first_step[row] + length[row]:
-            row = next_key[row] & row_mask
-        rows[i] = row
-    return rows, -1
+            return slots, i
+    return slots, -1
