@@ -300,13 +300,10 @@ class Segments:
         host_ids, refused = ids.cpu().numpy(), 0
         if self.store.table.device.type == "cpu" and engine.compiled(host_ids):
             column = self.store.table.arrays
+            counts = host["num_segments"], host["first_stored"], host["total"]
+            checked = (host_ids, host_steps, *directory.index(), *counts)
             found, refused = _anchor_rows_loop(
-                host_ids,
-                host_steps,
-                *directory.index(),
-                host["num_segments"],
-                host["first_stored"],
-                host["total"],
+                checked,
                 host["first_key"],
                 self.store.table.row_count - 1,
                 column["first_step"],
@@ -402,14 +399,7 @@ class Segments:
 
 @engine.jit
 def _anchor_rows_loop(
-    episode_ids: np.ndarray,
-    steps: np.ndarray,
-    index_ids: np.ndarray,
-    index_slots: np.ndarray,
-    index_size: int,
-    num_segments: np.ndarray,
-    first_stored: np.ndarray,
-    total: np.ndarray,
+    checked: tuple[Any, ...],
     first_key: np.ndarray,
     row_mask: int,
     first_step: np.ndarray,
@@ -419,20 +409,20 @@ def _anchor_rows_loop(
 ) -> tuple[np.ndarray, int]:
     """`Segments.anchors` compiled: the rows of the segments holding stored anchors, and -1.
 
-    `directory.stored_slots_loop`, then `seams.rows_holding_loop` from each episode's oldest
-    stored segment (as `Segments.rows_at`), in one call instead of a dozen array operations,
-    each paying for cold code and data inside a gather: 256 anchors across seams looked up
-    in 38 us instead of 72 (the benchmark's gathers). A refused pair returns its position
-    instead of -1 (and no rows), for the array code to raise its error.
+    `directory.stored_slots_loop` of ``checked`` (its arguments: ids and steps first), then
+    `seams.rows_holding_loop` from each episode's oldest stored segment (as
+    `Segments.rows_at`), in one call instead of a dozen array operations, each paying for
+    cold code and data inside a gather: 256 anchors across seams looked up in 36-39 us
+    instead of 72 (the benchmark's gathers). A refused pair returns its position instead of
+    -1 (and no rows), for the array code to raise its error.
     """
-    slots, refused = directories.stored_slots_loop(
-        episode_ids, steps, index_ids, index_slots, index_size, num_segments, first_stored, total
-    )
+    slots, refused = directories.stored_slots_loop(*checked)
     if refused >= 0:
         return slots, refused
     first = np.empty_like(slots)
     for i in range(slots.shape[0]):
         first[i] = first_key[slots[i]] & row_mask
+    steps = checked[1]
     rows = seams.rows_holding_loop(first, steps, first_step, length, prev_key, next_key, row_mask)
     return rows, -1
 
