@@ -250,8 +250,9 @@ class TransitionRing:
 
         ``listed`` (with the kernels, into CPU memory): the windows' records as runs already
         listed (offsets, first and end record, kind; their windows; their count), as the
-        expansion of windows across segment seams lists them: copied as they are, on this
-        thread alone with ``one_thread`` (a caller whose other cores other processes need).
+        expansion of windows across segment seams lists them: copied by
+        `lucid_replay.listed_copies` (as blocks where windows lie in place), on this thread
+        alone with ``one_thread`` (a caller whose other cores other processes need).
 
         Each run is read as one block through a strided view of the ring (about 30% faster
         than gathering its records one by one). With the compiled kernels, CPU storage and
@@ -278,7 +279,8 @@ class TransitionRing:
                 lap = oldest_offset - oldest_offset % self.capacity
                 split = (np.arange(len(self.fields)), ()) if one_thread else self._copiers(size, 1)
                 plan = self.fields, self._addresses, self._row_bytes, split
-                copy_listed(*plan, out, size, listed, self.capacity, lap)
+                views = self._run_views(size, 1) if split[1] else None
+                copy_listed(*plan, out, size, listed, self.capacity, lap, views)
                 return dict(out)
 
             # The runs are copied first; those that are clamped or cross the seam read any

@@ -293,23 +293,25 @@ def copy_blocks(
     For every field (`gather_records`' ``targets``, ``sources`` and ``row_bytes``): field by
     field, so that each field's blocks stream one after another, one block per window, with
     the block `_AHEAD` windows on prefetched (a small field's block whole, `_AHEAD_SMALL`
-    windows on).
+    windows on). A slot of ``-1`` leaves row ``b`` as it is.
     """
     windows = slots.shape[0]
     for b in range(windows):
-        if not 0 <= slots[b] <= capacity - size:  # a raw-memory guard, as in gather_records
+        if not -1 <= slots[b] <= capacity - size:  # a raw-memory guard, as in gather_records
             raise IndexError("copy_blocks: a block outside the ring")
     for f in range(targets.shape[0]):
         block = size * row_bytes[f]
         small = block <= _SMALL_SPAN
         ahead = _AHEAD_SMALL if small else _AHEAD
         for b in range(min(ahead, windows) if small else 0):
-            prefetch_span(sources[f] + slots[b] * row_bytes[f], block)
+            if slots[b] >= 0:
+                prefetch_span(sources[f] + slots[b] * row_bytes[f], block)
         for b in range(windows):
-            if b + ahead < windows:
+            if b + ahead < windows and slots[b + ahead] >= 0:
                 at = sources[f] + slots[b + ahead] * row_bytes[f]
                 prefetch_span(at, block if small else 1)
-            copy(targets[f] + b * block, sources[f] + slots[b] * row_bytes[f], block)
+            if slots[b] >= 0:
+                copy(targets[f] + b * block, sources[f] + slots[b] * row_bytes[f], block)
 
 
 @jit

@@ -1,8 +1,9 @@
-"""Windows across seams with several torch threads: large fields by ``index_select``.
+"""Windows listed as runs: blocks where they lie in place, large fields by ``index_select``.
 
-The split copy (`lucid_replay.listed_copies`) must give the batch the single compiled call
-gives, byte for byte, and leave alone the rows of a call that lists only some of them. The
-compiled copies themselves (listed runs and whole blocks) read what numpy reads.
+The copies of `lucid_replay.listed_copies` must give the batch the single compiled call
+gives, byte for byte, as blocks and as runs, with one thread and two, and leave alone the
+rows of a call that lists only some of them. The compiled copies themselves (listed runs and
+whole blocks) read what numpy reads.
 """
 
 from __future__ import annotations
@@ -118,6 +119,90 @@ def test_a_call_listing_some_rows_leaves_the_others_alone():
     assert bool((out["obs"][[0, 2]] == -1).all())
 
 
+def test_block_plan_reads_each_window_in_place_from_its_longest_run_and_leaves_the_rest():
+    capacity, size, base = 20, 6, 100  # slot = offset - 100; a block must start at 0..14
+    listed = [  # (offset, first record, end record, kind), window
+        ((102, 0, 6, 1), 0),  # one run in place: block at slot 2, nothing left
+        ((110, 0, 2, 0), 1),  # a clamped head (step 10 repeated), then steps 10.. from record 2
+        ((110, 2, 6, 1), 1),
+        ((117, 0, 3, 1), 2),  # slots 17-19 then 0-2: a block would cross the ring's end
+        ((120, 3, 6, 1), 2),
+        ((105, 0, 6, 0), 3),  # one step repeated: nothing to read in place
+        ((101, 0, 2, 1), 4),  # across a seam into a segment stored elsewhere: the longer run
+        ((111, 2, 6, 1), 4),
+        ((100, 3, 6, 1), 5),  # its block would start before slot 0
+    ]  # window 6: no runs in this call
+    runs = np.ascontiguousarray(np.array([run for run, _ in listed], dtype=np.int64).T)
+    windows = np.array([window for _, window in listed], dtype=np.int64)
+    slots = np.full(7, 99, dtype=np.int64)
+    left_runs = np.full((4, len(listed)), -7, dtype=np.int64)
+    left_windows = np.full(len(listed), -7, dtype=np.int64)
+    planned = (runs, windows, len(listed)), size, capacity, base, slots
+    plan = listed_copies.block_plan(*planned, (left_runs, left_windows))
+    assert slots.tolist() == [2, 8, -1, -1, 9, -1, -1]
+    kept = [1, 3, 4, 5, 6, 8]  # every run but the blocks' own, in order
+    assert plan == (6, 2 + 3 + 3 + 6 + 2 + 3, 6 * 5 + 3)
+    assert left_runs[:, :6].tolist() == runs[:, kept].tolist()
+    assert left_windows[:6].tolist() == windows[kept].tolist()
+    for run in (0, 5):  # a run below the oldest lap, of either kind: refused
+        runs[0, run] = 99
+        with pytest.raises(IndexError, match="outside the stored range"):
+            listed_copies.block_plan(*planned, (left_runs, left_windows))
+        runs[0, run] = listed[run][0][0]
+
+
+def _added(rng: np.random.Generator) -> SequenceReplay:
+    """Episodes stored by ``add`` in segments of 16 steps, the ring lapped twice."""
+    buffer = SequenceReplay(capacity=3000, segment_length=16)
+    for _ in range(45):
+        length = int(rng.integers(40, 200))
+        steps = {
+            "obs": torch.from_numpy(rng.standard_normal((length, 64), dtype=np.float32)),
+            "action": torch.from_numpy(rng.integers(0, 1 << 40, length)),
+            "reward": torch.from_numpy(rng.standard_normal(length, dtype=np.float32)),
+            "flag": torch.from_numpy(rng.integers(0, 2, length).astype(bool)),
+        }
+        buffer.add(Episode(steps, terminated=bool(rng.integers(2))))
+    return buffer
+
+
+@pytest.mark.skipif(not engine.available(), reason="needs numba")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_windows_in_place_are_copied_as_blocks_and_equal_their_episodes_windows(
+    threads, monkeypatch
+):
+    """Every stored step's window of an added episode: clamped at both ends, some across the
+    ring's end, the oldest episode's head evicted. Blocks, then the clamped records over
+    them, give the windows a buffer holding the steps contiguously gives."""
+    buffer = _added(np.random.default_rng(1))
+    ids = buffer.episode_ids
+    infos = [buffer.episode_info(i) for i in ids]
+    assert buffer.stats()["segments_evicted"] > 0 and infos[0].first_step > 0
+    episodes = [i for i, info in zip(ids, infos, strict=True) for _ in range(info.stored_length)]
+    steps = [info.first_step + k for info in infos for k in range(info.stored_length)]
+    plans = []
+    real = listed_copies.block_plan
+
+    def spy(*args):
+        plans.append((real(*args), args[4].copy()))
+        return plans[-1][0]
+
+    monkeypatch.setattr(listed_copies, "block_plan", spy)
+    with _threads(threads):
+        batch = buffer.gather_windows(episodes, steps, WINDOW)
+    ((left, left_records, records), slots) = plans[-1]
+    assert records == len(steps) * WINDOW.size and 0 < 4 * left_records <= records  # blocks,
+    assert left > 0 and (slots >= 0).mean() > 0.9 and (slots == -1).any()  # and runs over them
+    at = 0
+    for episode, info in zip(ids, infos, strict=True):
+        whole = SequenceReplay(capacity=4000)
+        whole.add(Episode(buffer[episode].steps, terminated=info.terminated))
+        theirs = whole.gather_windows([0] * info.stored_length, range(info.stored_length), WINDOW)
+        for name in ("obs", "action", "reward", "flag"):
+            assert torch.equal(batch[name][at : at + info.stored_length], theirs[name]), name
+        at += info.stored_length
+
+
 @pytest.mark.skipif(not engine.available(), reason="needs numba")
 def test_segments_committed_back_to_back_are_listed_as_one_run_and_interleaved_ones_split():
     """A window across seams of an episode stored by ``add`` reads one run, as on a
@@ -190,9 +275,18 @@ def test_the_kernels_copy_the_records_numpy_reads_for_small_and_large_fields(cou
         assert np.array_equal(out[name], ring[name][expected_slots]), name
 
     slots = rng.integers(0, capacity - size + 1, count)  # whole blocks inside the ring
+    slots[::3] = -1  # no block: the row is left as it is
     blocks = {name: np.zeros((count, size, w), dtype=np.uint8) for name, w in widths.items()}
     targets = np.array([a.ctypes.data for a in blocks.values()], dtype=np.int64)
     ring_copies.copy_blocks(targets, sources, row_bytes, slots, size, capacity)
     for name in widths:
         expected = ring[name][slots[:, None] + np.arange(size)]
+        expected[::3] = 0
         assert np.array_equal(blocks[name], expected), name
+    for bad in (-2, capacity - size + 1):  # a block outside the ring: refused, nothing copied
+        for values in blocks.values():
+            values[:] = 0
+        slots[-1] = bad
+        with pytest.raises(IndexError, match="outside the ring"):
+            ring_copies.copy_blocks(targets, sources, row_bytes, slots, size, capacity)
+        assert not any(values.any() for values in blocks.values())

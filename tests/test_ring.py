@@ -479,7 +479,10 @@ def test_compiled_block_copy_refuses_a_block_outside_the_ring(index_engine):
     addresses = (np.array([out.data_ptr()]), np.array([ring.data_ptr()]), np.array([4]))
     copy_blocks(*addresses, np.array([6, 2]), 4, 10)  # the last block that fits: slots 6-9
     assert out.tolist() == [[6, 7, 8, 9], [2, 3, 4, 5]]
-    for slots in ([0, 7], [-1, 0]):
+    out.fill_(-5.0)
+    copy_blocks(*addresses, np.array([-1, 2]), 4, 10)  # -1: no block, the row left as it is
+    assert out.tolist() == [[-5, -5, -5, -5], [2, 3, 4, 5]]
+    for slots in ([0, 7], [-2, 0]):
         out.zero_()
         with pytest.raises(IndexError, match="outside the ring"):
             copy_blocks(*addresses, np.array(slots), 4, 10)
