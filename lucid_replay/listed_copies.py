@@ -75,49 +75,65 @@ def block_plan(
     capacity: int,
     base: int,
     slots: np.ndarray,
-    left: tuple[np.ndarray, np.ndarray],
-) -> tuple[int, int, int]:
-    """Plan the ``listed`` windows as blocks of ``size`` records, and the runs left after.
+) -> tuple[int, int]:
+    """Plan the ``listed`` windows as blocks of ``size`` records.
 
     ``listed`` holds the runs, their windows and their count, as `listed_slots` reads them.
-    ``slots[b]`` is the ring slot at which window ``b``'s block starts: where its longest run
-    of consecutive records lies in place, if the block lies inside the ring; ``-1`` where the
-    window has no such block (no run of kind 1, or a block across the ring's start or end),
-    or no runs in this call. A block reads records the window does not hold (the neighbours
-    of its run); every run of a window other than its block's is left to copy after the
-    block, over them. The left runs and their windows are written, in order, to the front of
-    ``left`` (``[4, count]`` and ``[count]`` arrays). Returns how many runs are left, how many
-    records they hold, and how many records all the listed runs hold.
+    ``slots[b]`` becomes the ring slot at which window ``b``'s block starts: where its longest
+    run of consecutive records lies in place, if the block lies inside the ring; ``-1`` where
+    the window has no such block (no run of kind 1, or a block across the ring's start or
+    end), or no runs in this call. A block also reads records the window does not hold (the
+    neighbours of its run): the window's other runs are copied after it, over them
+    (`runs_left`). Returns how many records those runs hold, and how many all listed runs
+    hold. Every run's offset is checked here, before anything is copied.
     """
     runs, windows, count = listed
-    left_runs, left_windows = left
     batch = slots.shape[0]
     for b in range(batch):
         slots[b] = -1
     longest = np.zeros(batch, dtype=np.int64)
-    for r in range(count):  # each window's longest run of kind 1; its block if inside the ring
-        slot = ring_copies.run_slot(runs[0, r], base, capacity)  # every run, before any copy
+    records = 0
+    for r in range(count):
+        slot = ring_copies.run_slot(runs[0, r], base, capacity)
         length = runs[2, r] - runs[1, r]
+        records += length
         if runs[3, r] == 1 and length > longest[windows[r]]:
             longest[windows[r]] = length
             start = slot - runs[1, r]
             slots[windows[r]] = start if 0 <= start <= capacity - size else -1
-    kept = kept_records = records = 0
+    in_blocks = 0
+    for b in range(batch):
+        if slots[b] >= 0:
+            in_blocks += longest[b]
+    return records - in_blocks, records
+
+
+@ring_copies.jit
+def runs_left(
+    listed: tuple[np.ndarray, np.ndarray, int],
+    capacity: int,
+    base: int,
+    slots: np.ndarray,
+    left: tuple[np.ndarray, np.ndarray],
+) -> int:
+    """Write the ``listed`` runs that no block holds in place to the front of ``left``.
+
+    The blocks start at ``slots`` (`block_plan`); ``left`` is a ``[4, count]`` array of runs
+    and a ``[count]`` array of their windows, written in order. Returns how many runs are left.
+    """
+    runs, windows, count = listed
+    left_runs, left_windows = left
+    kept = 0
     for r in range(count):
-        length = runs[2, r] - runs[1, r]
-        records += length
         b = windows[r]
-        if slots[b] >= 0 and runs[3, r] == 1 and length == longest[b]:
-            slot = ring_copies.run_slot(runs[0, r], base, capacity)
-            if slot - runs[1, r] == slots[b]:  # the block's own run (a tie: the first)
-                longest[b] = -1
-                continue
+        start = ring_copies.run_slot(runs[0, r], base, capacity) - runs[1, r]
+        if slots[b] >= 0 and runs[3, r] == 1 and start == slots[b]:
+            continue  # its records lie in the block where the window reads them
         for i in range(4):
             left_runs[i, kept] = runs[i, r]
         left_windows[kept] = b
         kept += 1
-        kept_records += length
-    return kept, kept_records, records
+    return kept
 
 
 def copy_listed(
@@ -144,10 +160,7 @@ def copy_listed(
     serial, parallel = split
     batch = next(iter(out.values())).shape[0]
     slots = np.empty(batch, dtype=np.int64)
-    left_runs = np.empty((4, count), dtype=np.int64)
-    left_windows = np.empty(count, dtype=np.int64)
-    plan = block_plan(listed, size, capacity, base, slots, (left_runs, left_windows))
-    left, left_records, records = plan
+    left_records, records = block_plan(listed, size, capacity, base, slots)
     if parallel and records != batch * size:
         serial, parallel = np.arange(len(fields)), ()  # some rows are not this call's
     targets = np.array([out[name].data_ptr() for name in fields], dtype=np.int64)
@@ -162,9 +175,10 @@ def copy_listed(
             where = torch.from_numpy(np.maximum(slots, 0))  # a window without: all runs left
             for name in parallel:
                 torch.index_select(views[name], 0, where, out=out[name])
-        if left:
-            rest = left_runs, left_windows, left
-            ring_copies.copy_runs(targets, addresses, row_bytes, size, *rest, capacity, base)
+        left = np.empty((4, count), dtype=np.int64), np.empty(count, dtype=np.int64)
+        kept = runs_left(listed, capacity, base, slots, left)
+        if kept:
+            ring_copies.copy_runs(targets, addresses, row_bytes, size, *left, kept, capacity, base)
         return
     if serial.shape[0]:
         blocks = targets[serial], addresses[serial], row_bytes[serial]

@@ -135,19 +135,18 @@ def test_block_plan_reads_each_window_in_place_from_its_longest_run_and_leaves_t
     runs = np.ascontiguousarray(np.array([run for run, _ in listed], dtype=np.int64).T)
     windows = np.array([window for _, window in listed], dtype=np.int64)
     slots = np.full(7, 99, dtype=np.int64)
-    left_runs = np.full((4, len(listed)), -7, dtype=np.int64)
-    left_windows = np.full(len(listed), -7, dtype=np.int64)
     planned = (runs, windows, len(listed)), size, capacity, base, slots
-    plan = listed_copies.block_plan(*planned, (left_runs, left_windows))
+    assert listed_copies.block_plan(*planned) == (2 + 3 + 3 + 6 + 2 + 3, 6 * 5 + 3)
     assert slots.tolist() == [2, 8, -1, -1, 9, -1, -1]
-    kept = [1, 3, 4, 5, 6, 8]  # every run but the blocks' own, in order
-    assert plan == (6, 2 + 3 + 3 + 6 + 2 + 3, 6 * 5 + 3)
-    assert left_runs[:, :6].tolist() == runs[:, kept].tolist()
-    assert left_windows[:6].tolist() == windows[kept].tolist()
+    left = np.full((4, len(listed)), -7, dtype=np.int64), np.full(len(listed), -7)
+    kept = [1, 3, 4, 5, 6, 8]  # every run but those in place in their window's block, in order
+    assert listed_copies.runs_left(planned[0], capacity, base, slots, left) == len(kept)
+    assert left[0][:, :6].tolist() == runs[:, kept].tolist()
+    assert left[1][:6].tolist() == windows[kept].tolist()
     for run in (0, 5):  # a run below the oldest lap, of either kind: refused
         runs[0, run] = 99
         with pytest.raises(IndexError, match="outside the stored range"):
-            listed_copies.block_plan(*planned, (left_runs, left_windows))
+            listed_copies.block_plan(*planned)
         runs[0, run] = listed[run][0][0]
 
 
@@ -190,9 +189,9 @@ def test_windows_in_place_are_copied_as_blocks_and_equal_their_episodes_windows(
     monkeypatch.setattr(listed_copies, "block_plan", spy)
     with _threads(threads):
         batch = buffer.gather_windows(episodes, steps, WINDOW)
-    ((left, left_records, records), slots) = plans[-1]
+    ((left_records, records), slots) = plans[-1]
     assert records == len(steps) * WINDOW.size and 0 < 4 * left_records <= records  # blocks,
-    assert left > 0 and (slots >= 0).mean() > 0.9 and (slots == -1).any()  # and runs over them
+    assert (slots >= 0).mean() > 0.9 and (slots == -1).any()  # and runs over them
     at = 0
     for episode, info in zip(ids, infos, strict=True):
         whole = SequenceReplay(capacity=4000)
