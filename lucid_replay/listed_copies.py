@@ -7,11 +7,11 @@ its segments back to back), apart from records clamped at an episode's ends. Tho
 copied as a whole-episode gather copies them: each window's ``size`` records as one block
 read in place, from where its longest run lies (`block_plan`), then the window's other runs
 over the block. With several threads the large fields' blocks are copied by
-``index_select``, which splits a copy across torch's threads. That pays while at most a
-quarter of the records are copied twice. Uniform ``sample_windows`` of 256 windows of 109
-records (caches swept) took 9-11% less time from 10k transitions in segments and 12-13% less
-from 10M with two threads than when every run was copied on its own; with one thread 3-4%
-less from 10M, and up to 3% more from 10k.
+``index_select``, which splits a copy across torch's threads. That pays while fewer than a
+quarter of the records are copied twice (`lucid_replay.records.blocks_pay`). Uniform
+``sample_windows`` of 256 windows of 109 records (caches swept) took 9-11% less time from
+10k transitions in segments and 12-13% less from 10M with two threads than when every run
+was copied on its own; with one thread 3-4% less from 10M, and up to 3% more from 10k.
 
 A batch of windows across seams of interleaved streams lies in two or more places a window;
 its runs are copied as they are. With one thread, one compiled call copies every field's
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from lucid_replay import ring_copies
+from lucid_replay.records import blocks_pay
 
 __all__: list[str] = []  # internal module
 
@@ -166,9 +167,9 @@ def copy_listed(
     if parallel and records != batch * size:
         serial, parallel = np.arange(len(fields)), ()  # some rows are not this call's
     targets = np.array([out[name].data_ptr() for name in fields], dtype=np.int64)
-    if 4 * left_records <= batch * size and (views is not None or not parallel):
+    if blocks_pay(left_records, batch * size) and (views is not None or not parallel):
         # As a whole-episode gather: blocks (over torch's threads for the large fields), then
-        # the rest over them, if that copies at most a quarter of the records twice.
+        # the rest over them.
         if serial.shape[0]:
             blocks = targets[serial], addresses[serial], row_bytes[serial]
             ring_copies.copy_blocks(*blocks, slots, size, capacity)

@@ -78,3 +78,12 @@ class RecordArrays:
     episode_ids: Array
     learning: Array
     sequence: Array
+
+
+def blocks_pay(repaired: int, records: int) -> bool:
+    """Whether a gather copies each window's block, then ``repaired`` of ``records`` over them.
+
+    Else it copies every record (or run) once. A block is the cheapest copy there is, and a
+    repaired record is copied twice: blocks pay while fewer than a quarter are repaired.
+    """
+    return 4 * repaired < records

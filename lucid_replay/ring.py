@@ -21,6 +21,7 @@ from lucid_replay import engine
 from lucid_replay.allocators import Allocator, allocate_fields
 from lucid_replay.blocks import CACHE_BYTES, CompressedFields
 from lucid_replay.engine import Array
+from lucid_replay.records import blocks_pay
 
 if TYPE_CHECKING:
     from lucid_replay.table import EpisodeTable
@@ -289,7 +290,8 @@ class TransitionRing:
             engine_exact = None if exact is None else np.ascontiguousarray(exact)
             copied = span <= self.capacity
             if copied and engine_exact is not None:
-                copied = 4 * np.count_nonzero(engine_exact) > 3 * engine_exact.size
+                repaired = engine_exact.size - np.count_nonzero(engine_exact)
+                copied = blocks_pay(repaired, engine_exact.size)
             targets = np.array([out[name].data_ptr() for name in self.fields], dtype=np.int64)
             if copied:
                 slots = np.minimum(firsts, self.capacity - span)
@@ -328,7 +330,7 @@ class TransitionRing:
         if span > self.capacity or not bool((firsts <= self.capacity - span).all()):
             every = offsets_at(None)
         where = None if exact is None else engine.flat_nonzero(~exact)
-        if where is not None and where.shape[0] * 4 > first_offsets.shape[0] * size:
+        if where is not None and not blocks_pay(where.shape[0], first_offsets.shape[0] * size):
             every = offsets_at(None)
         if every is not None:
             return self.gather(engine.tensor(self.slots(every, oldest_offset)), out)
