@@ -280,7 +280,8 @@ class TransitionRing:
                 lap = oldest_offset - oldest_offset % self.capacity
                 split = (np.arange(len(self.fields)), ()) if one_thread else self._copiers(size, 1)
                 plan = self.fields, self._addresses, self._row_bytes, split
-                views = self._run_views(size, 1) if split[1] else None
+                fits = size <= self.capacity  # else no block of a window fits in the ring
+                views = self._run_views(size, 1) if split[1] and fits else None
                 copy_listed(*plan, out, size, listed, self.capacity, lap, views)
                 return dict(out)
 

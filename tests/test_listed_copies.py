@@ -203,6 +203,22 @@ def test_windows_in_place_are_copied_as_blocks_and_equal_their_episodes_windows(
 
 
 @pytest.mark.skipif(not engine.available(), reason="needs numba")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_windows_longer_than_the_ring_are_copied_as_runs(threads):
+    """No block of 69 records fits a ring of 64: every window is copied run by run."""
+    steps = {"obs": torch.randn(60, 64, generator=torch.Generator().manual_seed(0))}
+    segmented = SequenceReplay(capacity=64, segment_length=16)
+    whole = SequenceReplay(capacity=64)
+    for buffer in (segmented, whole):
+        buffer.add(Episode(steps))
+    window = Window(24, burn_in=40, bootstrap=5)
+    with _threads(threads):
+        ours = segmented.gather_windows([0, 0, 0], [0, 30, 59], window)
+        theirs = whole.gather_windows([0, 0, 0], [0, 30, 59], window)
+    assert torch.equal(ours["obs"], theirs["obs"])
+
+
+@pytest.mark.skipif(not engine.available(), reason="needs numba")
 def test_segments_committed_back_to_back_are_listed_as_one_run_and_interleaved_ones_split():
     """A window across seams of an episode stored by ``add`` reads one run, as on a
     whole-episode buffer; across seams into segments stored elsewhere, a run per segment."""
