@@ -187,9 +187,9 @@ def copy_listed(
         blocks = targets[serial], addresses[serial], row_bytes[serial]
         ring_copies.copy_runs(*blocks, size, runs, windows, count, capacity, base)
     if parallel:
-        slots = np.empty(batch * size, dtype=np.int64)
-        listed_slots(runs, windows, count, size, capacity, base, slots)
-        where = torch.from_numpy(slots)
+        record_slots = np.empty(batch * size, dtype=np.int64)
+        listed_slots(runs, windows, count, size, capacity, base, record_slots)
+        where = torch.from_numpy(record_slots)
         for name in parallel:
             store = fields[name]
             torch.index_select(store, 0, where, out=out[name].view(-1, *store.shape[1:]))

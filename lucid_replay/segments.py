@@ -297,7 +297,7 @@ class Segments:
         if ids.shape != steps.shape:
             raise must("anchor_steps", f"as long as episode_ids ({ids.numel()})", steps.numel())
         host, host_steps = directory.host, steps.cpu().numpy()  # checked on the host copies
-        host_ids, refused = ids.cpu().numpy(), 0
+        host_ids = ids.cpu().numpy()
         if self.store.table.device.type == "cpu" and engine.compiled(host_ids):
             column = self.store.table.arrays
             counts = host["num_segments"], host["first_stored"], host["total"]
@@ -313,21 +313,20 @@ class Segments:
             )
             if refused < 0:
                 return Anchors(found, host_ids, host_steps)
-        if refused >= 0:  # the array code: its checks raise the error for the pair refused
-            slots = directory.slots_of(host_ids)
-            stored = (slots >= 0) & (host["num_segments"][slots] > 0)
-            if not stored.all():
-                self.live_slot(int(ids[torch.from_numpy(~stored)][0]), stored=True)
-            first, end = host["first_stored"][slots], host["total"][slots]
-            outside = (host_steps < first) | (host_steps >= end)
-            if outside.any():
-                at = int(np.flatnonzero(outside)[0])
-                raise must(
-                    f"anchor_steps[{at}]",
-                    f"a stored step of episode {int(ids[at])} "
-                    f"({int(first[at])} .. {int(end[at]) - 1})",
-                    int(steps[at]),
-                )
+        # The array code; after a refusal by the loop, its checks raise that pair's error.
+        slots = directory.slots_of(host_ids)
+        stored = (slots >= 0) & (host["num_segments"][slots] > 0)
+        if not stored.all():
+            self.live_slot(int(ids[torch.from_numpy(~stored)][0]), stored=True)
+        first, end = host["first_stored"][slots], host["total"][slots]
+        outside = (host_steps < first) | (host_steps >= end)
+        if outside.any():
+            at = int(np.flatnonzero(outside)[0])
+            raise must(
+                f"anchor_steps[{at}]",
+                f"a stored step of episode {int(ids[at])} ({int(first[at])} .. {int(end[at]) - 1})",
+                int(steps[at]),
+            )
         rows = self.rows_at(slots, steps)
         return Anchors(engine.view(rows), engine.view(ids), engine.view(steps))
 
