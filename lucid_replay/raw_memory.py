@@ -6,7 +6,9 @@ inline; ``load_word`` / ``store_word``, ``load_int`` / ``store_int`` and ``load_
 ``store_byte`` move an unaligned 8-byte, 4-byte and 1-byte unsigned integer;
 ``prefetch_read`` / ``prefetch_write`` hint that a cache line is about to be read or written
 and ``prefetch_span`` that every line of a span is (LLVM's prefetch: never faults, changes
-no byte).
+no byte). ``claim(address)`` adds one to the int64 at ``address`` atomically and returns
+its value before (threads sharing work take turns by it); ``words(address, count)`` is the
+``count`` int64 at ``address`` as an array, and ``address_of`` a C pointer as an int64.
 
 Imported by `lucid_replay.ring_copies` only, so only where numba is there.
 """
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]  # no py.typed
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.np.numpy_support import carray
 
 from lucid_replay import engine
 
@@ -64,6 +68,33 @@ def _access(bits: int) -> tuple[Any, Any]:
     return intrinsic(load), intrinsic(store)
 
 
+def _claim(typing_context: Any, address: Any) -> Any:
+    def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        counter = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.atomic_rmw("add", counter, ir.Constant(ir.IntType(64), 1), "monotonic")
+
+    return types.int64(types.int64), generate
+
+
+def _words_pointer(typing_context: Any, address: Any) -> Any:
+    def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+
+    word_pointer = types.CPointer(types.int64)  # type: ignore[no-untyped-call]  # untyped in numba
+    return word_pointer(types.int64), generate
+
+
+def _address_of(typing_context: Any, value: Any) -> Any:
+    def generate(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.ptrtoint(args[0], ir.IntType(64))
+
+    return types.int64(types.voidptr), generate
+
+
+claim: Any = intrinsic(_claim)
+words_pointer: Any = intrinsic(_words_pointer)
+address_of: Any = intrinsic(_address_of)
+
 load_word, store_word = _access(64)
 load_int, store_int = _access(32)
 load_byte, store_byte = _access(8)
@@ -89,6 +120,12 @@ def copy(target: int, source: int, count: int) -> None:
     while moved < count:
         store_byte(target + moved, load_byte(source + moved))
         moved += 1
+
+
+@jit
+def words(address: int, count: int) -> np.ndarray:
+    """The ``count`` int64 at ``address``, as an array over that memory (no copy)."""
+    return carray(words_pointer(address), (count,))
 
 
 @jit

@@ -254,17 +254,39 @@ def copy_runs(
     offset (a window clamped to an episode's first or last step), as `_add_record`'s.
     ``base`` is the offset of slot 0 in the oldest stored lap.
     """
-    run = np.empty(4, dtype=np.int64)
     for r in range(count):
         run_slot(runs[0, r], base, capacity)
+    fields_at = targets, sources, row_bytes
+    copy_run_range(fields_at, size, (runs, windows), (0, count), capacity, base)
+
+
+@jit
+def copy_run_range(
+    fields_at: tuple[np.ndarray, np.ndarray, np.ndarray],
+    size: int,
+    listed: tuple[np.ndarray, np.ndarray],
+    columns: tuple[int, int],
+    capacity: int,
+    base: int,
+) -> None:
+    """`copy_runs` of the runs in ``columns`` (``begin, end``), whose offsets were checked.
+
+    ``fields_at``: its ``targets``, ``sources`` and ``row_bytes``; ``listed``: its ``runs``
+    and ``windows``. Field by field, the run `_AHEAD` places on prefetched (a small field's
+    whole, `_AHEAD_SMALL` places on), as `copy_blocks` does.
+    """
+    targets, sources, row_bytes = fields_at
+    runs, windows = listed
+    first_run, end_run = columns
+    run = np.empty(4, dtype=np.int64)
     for f in range(targets.shape[0]):
         width = row_bytes[f]
         small = width * size <= _SMALL_SPAN
         ahead = _AHEAD_SMALL if small else _AHEAD
-        for r in range(min(ahead, count) if small else 0):
+        for r in range(first_run, min(first_run + ahead, end_run) if small else first_run):
             _prefetch_run(sources[f], width, runs, r, base, capacity, True)
-        for r in range(count):
-            if r + ahead < count:  # as copy_blocks: the run `ahead` on is read from cold memory
+        for r in range(first_run, end_run):
+            if r + ahead < end_run:  # as copy_blocks: the run `ahead` on is read from cold memory
                 _prefetch_run(sources[f], width, runs, r + ahead, base, capacity, small)
             slot = runs[0, r] - base
             if slot >= capacity:
@@ -295,19 +317,41 @@ def copy_blocks(
     the block `_AHEAD` windows on prefetched (a small field's block whole, `_AHEAD_SMALL`
     windows on). A slot of ``-1`` leaves row ``b`` as it is.
     """
-    windows = slots.shape[0]
-    for b in range(windows):
+    check_blocks(slots, size, capacity)
+    copy_block_range(targets, sources, row_bytes, (slots, size), (0, slots.shape[0]))
+
+
+@jit
+def check_blocks(slots: np.ndarray, size: int, capacity: int) -> None:
+    """Refuse a block of ``size`` records that would read outside the ring (``-1``: none)."""
+    for b in range(slots.shape[0]):
         if not -1 <= slots[b] <= capacity - size:  # a raw-memory guard, as in gather_records
             raise IndexError("copy_blocks: a block outside the ring")
+
+
+@jit
+def copy_block_range(
+    targets: np.ndarray,
+    sources: np.ndarray,
+    row_bytes: np.ndarray,
+    blocks: tuple[np.ndarray, int],
+    rows: tuple[int, int],
+) -> None:
+    """`copy_blocks` of the batch rows in ``rows`` (``begin, end``).
+
+    ``blocks`` holds its ``slots`` (checked by `check_blocks`) and ``size``.
+    """
+    slots, size = blocks
+    first_row, end_row = rows
     for f in range(targets.shape[0]):
         block = size * row_bytes[f]
         small = block <= _SMALL_SPAN
         ahead = _AHEAD_SMALL if small else _AHEAD
-        for b in range(min(ahead, windows) if small else 0):
+        for b in range(first_row, min(first_row + ahead, end_row) if small else first_row):
             if slots[b] >= 0:
                 prefetch_span(sources[f] + slots[b] * row_bytes[f], block)
-        for b in range(windows):
-            if b + ahead < windows and slots[b + ahead] >= 0:
+        for b in range(first_row, end_row):
+            if b + ahead < end_row and slots[b + ahead] >= 0:
                 at = sources[f] + slots[b + ahead] * row_bytes[f]
                 prefetch_span(at, block if small else 1)
             if slots[b] >= 0:
