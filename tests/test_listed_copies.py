@@ -16,7 +16,7 @@ import pytest
 import torch
 from segmented_buffers import stream_interleaved
 
-from lucid_replay import Episode, SequenceReplay, Window, engine, seams
+from lucid_replay import Episode, SequenceReplay, Window, engine, openmp_team, seams
 
 pytest.importorskip("numba", reason="the listed runs are the compiled path's")
 listed_copies = pytest.importorskip("lucid_replay.listed_copies")
@@ -73,8 +73,19 @@ def test_listed_slots_are_each_records_ring_slot():
         listed_copies.listed_slots(runs, windows, 4, 6, 10, 100, slots)
 
 
+_TEAM = openmp_team.threads(2) is not None  # torch runs on an OpenMP team here
+
+
 @pytest.mark.skipif(not engine.available(), reason="needs numba")
-def test_two_threads_gather_the_one_thread_batch_and_the_contiguous_windows(monkeypatch):
+@pytest.mark.parametrize(
+    "team",
+    [
+        pytest.param(True, marks=pytest.mark.skipif(not _TEAM, reason="no OpenMP team")),
+        False,
+    ],
+    ids=["openmp-team", "index_select"],
+)
+def test_two_threads_gather_the_one_thread_batch_and_the_contiguous_windows(monkeypatch, team):
     buffer = _interleaved(np.random.default_rng(3))
     ids = buffer.episode_ids
     infos = [buffer.episode_info(i) for i in ids]
@@ -83,15 +94,23 @@ def test_two_threads_gather_the_one_thread_batch_and_the_contiguous_windows(monk
     picks = rng.integers(len(ids), size=200)
     episodes = [ids[p] for p in picks]
     steps = [infos[p].first_step + int(rng.integers(infos[p].stored_length)) for p in picks]
-    slot_calls = []
-    real = listed_copies.listed_slots
-    monkeypatch.setattr(listed_copies, "listed_slots", lambda *a: slot_calls.append(1) or real(*a))
+    slot_calls, team_calls = [], []
+    real_slots, real_run = listed_copies.listed_slots, openmp_team.run
+    monkeypatch.setattr(
+        listed_copies, "listed_slots", lambda *a: slot_calls.append(1) or real_slots(*a)
+    )
+    monkeypatch.setattr(openmp_team, "run", lambda *a: team_calls.append(a[2]) or real_run(*a))
+    if not team:  # torch without an OpenMP team: index_select splits the large field's copy
+        monkeypatch.setattr(openmp_team, "threads", lambda wanted: None)
     with _threads(1):
         one = buffer.gather_windows(episodes, steps, WINDOW)
-    assert not slot_calls  # one thread: the single compiled call
+    assert not slot_calls and not team_calls  # one thread: the single compiled call
     with _threads(2):
         two = buffer.gather_windows(episodes, steps, WINDOW)
-    assert slot_calls  # two threads: the large field by index_select
+    if team:  # every field's runs on the team's two threads
+        assert team_calls == [2] and not slot_calls
+    else:
+        assert slot_calls and not team_calls
     for name in ("serial", "obs"):
         assert torch.equal(one[name], two[name]), name
     for p in sorted(set(picks.tolist())):  # and what the steps stored contiguously give
@@ -166,13 +185,29 @@ def _added(rng: np.random.Generator) -> SequenceReplay:
 
 
 @pytest.mark.skipif(not engine.available(), reason="needs numba")
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("threads", "team"),
+    [
+        (1, False),
+        pytest.param(2, True, marks=pytest.mark.skipif(not _TEAM, reason="no OpenMP team")),
+        (2, False),
+    ],
+    ids=["1", "2-openmp-team", "2-index_select"],
+)
 def test_windows_in_place_are_copied_as_blocks_and_equal_their_episodes_windows(
-    threads, monkeypatch
+    threads, team, monkeypatch
 ):
     """Every stored step's window of an added episode: clamped at both ends, some across the
     ring's end, the oldest episode's head evicted. Blocks, then the clamped records over
-    them, give the windows a buffer holding the steps contiguously gives."""
+    them, give the windows a buffer holding the steps contiguously gives: on one thread, on
+    the OpenMP team's two (blocks, then the runs left), or by ``index_select``."""
+    team_kinds = []
+    real_on_team = listed_copies._on_team
+    monkeypatch.setattr(
+        listed_copies, "_on_team", lambda *a: team_kinds.append(int(a[0][1])) or real_on_team(*a)
+    )
+    if not team:
+        monkeypatch.setattr(openmp_team, "threads", lambda wanted: None)
     buffer = _added(np.random.default_rng(1))
     ids = buffer.episode_ids
     infos = [buffer.episode_info(i) for i in ids]
@@ -192,6 +227,8 @@ def test_windows_in_place_are_copied_as_blocks_and_equal_their_episodes_windows(
     ((left_records, records), slots) = plans[-1]
     assert records == len(steps) * WINDOW.size and 0 < 4 * left_records < records  # blocks,
     assert (slots >= 0).mean() > 0.9 and (slots == -1).any()  # and runs over them
+    runs, blocks = listed_copies._RUNS, listed_copies._BLOCKS
+    assert team_kinds == ([blocks, runs] if team and threads > 1 else [])
     at = 0
     for episode, info in zip(ids, infos, strict=True):
         whole = SequenceReplay(capacity=4000)
@@ -251,6 +288,18 @@ def test_segments_committed_back_to_back_are_listed_as_one_run_and_interleaved_o
         assert torch.equal(batch["obs"], expected)
 
 
+def _claimed(kind, targets, sources, row_bytes, size, work, threads):
+    """`copy_claimed` of ``work`` on this thread alone, or on ``threads`` of the team; returns
+    its arguments, whose first word counts the claims made."""
+    plan = kind, (targets, sources, row_bytes), size, work, 50, 1000  # capacity, base
+    arguments = listed_copies._team_arguments(*plan)
+    if threads == 1:
+        listed_copies.copy_claimed(arguments.ctypes.data)
+    else:
+        openmp_team.run(listed_copies._team_copy_function(), arguments.ctypes.data, threads)
+    return arguments
+
+
 @pytest.mark.skipif(not engine.available(), reason="needs numba")
 @pytest.mark.parametrize("count", [1, 15, 16, 17, 40])
 def test_the_kernels_copy_the_records_numpy_reads_for_small_and_large_fields(count):
@@ -289,6 +338,18 @@ def test_the_kernels_copy_the_records_numpy_reads_for_small_and_large_fields(cou
     for name in widths:
         assert np.array_equal(out[name], ring[name][expected_slots]), name
 
+    # The team's copy of the same runs, on one thread (every chunk claimed inline) and on
+    # the team's two: each thread claims until a claim finds no runs left, so the counter
+    # ends at the chunk count plus the threads that ran.
+    for threads in (1, 2) if _TEAM else (1,):
+        claimed = {name: np.zeros((count, size, w), dtype=np.uint8) for name, w in widths.items()}
+        targets = np.array([a.ctypes.data for a in claimed.values()], dtype=np.int64)
+        work = (listed, np.array(windows), len(runs))
+        arguments = _claimed(listed_copies._RUNS, targets, sources, row_bytes, size, work, threads)
+        for name in widths:
+            assert np.array_equal(claimed[name], ring[name][expected_slots]), (name, threads)
+        assert arguments[0] == -(-len(runs) // listed_copies._RUN_CHUNK) + threads
+
     slots = rng.integers(0, capacity - size + 1, count)  # whole blocks inside the ring
     slots[::3] = -1  # no block: the row is left as it is
     blocks = {name: np.zeros((count, size, w), dtype=np.uint8) for name, w in widths.items()}
@@ -298,6 +359,17 @@ def test_the_kernels_copy_the_records_numpy_reads_for_small_and_large_fields(cou
         expected = ring[name][slots[:, None] + np.arange(size)]
         expected[::3] = 0
         assert np.array_equal(blocks[name], expected), name
+    for threads in (1, 2) if _TEAM else (1,):  # the team's copy of the same blocks
+        claimed = {name: np.zeros((count, size, w), dtype=np.uint8) for name, w in widths.items()}
+        targets = np.array([a.ctypes.data for a in claimed.values()], dtype=np.int64)
+        work = (slots[None], slots, count)
+        arguments = _claimed(
+            listed_copies._BLOCKS, targets, sources, row_bytes, size, work, threads
+        )
+        for name in widths:
+            assert np.array_equal(claimed[name], blocks[name]), (name, threads)
+        assert arguments[0] == -(-count // listed_copies._BLOCK_CHUNK) + threads
+        targets = np.array([a.ctypes.data for a in blocks.values()], dtype=np.int64)
     for bad in (-2, capacity - size + 1):  # a block outside the ring: refused, nothing copied
         for values in blocks.values():
             values[:] = 0
