@@ -73,6 +73,7 @@ def _runtime() -> Callable[[int, int, int, int], None] | None:
 
 
 def _look_up() -> Callable[[int, int, int, int], None] | None:
+    """`_runtime`'s search: torch's parallel backend, the mapped runtime, its entry point."""
     if (
         sys.platform != "linux"
         or "parallel backend: OpenMP" not in torch.__config__.parallel_info()

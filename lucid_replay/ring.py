@@ -252,9 +252,9 @@ class TransitionRing:
         ``listed`` (with the kernels, into CPU memory): the windows' records as runs already
         listed (offsets, first and end record, kind; their windows; their count), as the
         expansion of windows across segment seams lists them: copied by
-        `lucid_replay.listed_copies` (as blocks where windows lie in place; run by run on
-        torch's OpenMP team, `lucid_replay.openmp_team`), on this thread alone with
-        ``one_thread`` (a caller whose other cores other processes need).
+        `lucid_replay.listed_copies` (as blocks where windows lie in place; with several
+        threads on torch's OpenMP team, `lucid_replay.openmp_team`), on this thread alone
+        with ``one_thread`` (a caller whose other cores other processes need).
 
         Each run is read as one block through a strided view of the ring (about 30% faster
         than gathering its records one by one). With the compiled kernels, CPU storage and
