@@ -257,10 +257,20 @@ def _team_arguments(
     arrays = (*fields_at, table, windows)
     for array in arrays:
         if array.dtype != np.int64 or not array.flags.c_contiguous:
-            raise ValueError("listed copies: the team reads int64 C-contiguous arrays only")
+            raise ValueError(
+                "listed copies: the team reads int64 C-contiguous arrays, got "
+                f"{array.dtype} of strides {array.strides}"
+            )
+    fields = {array.shape for array in fields_at}
+    if len(fields) != 1 or len(next(iter(fields))) != 1:
+        raise ValueError(f"listed copies: one entry per field in each of three, got {fields}")
     rows, columns = table.shape
-    if windows.shape[0] < count or columns < count or fields_at[0].shape != fields_at[2].shape:
-        raise ValueError("listed copies: fewer runs or windows than the count")
+    if kind not in (_RUNS, _BLOCKS) or rows != (4 if kind == _RUNS else 1):
+        raise ValueError(f"listed copies: kind {kind} with a table of {rows} rows")
+    if not 0 <= count <= min(columns, windows.shape[0]):
+        raise ValueError(
+            f"listed copies: {count} to copy, but {columns} columns and {windows.shape[0]} windows"
+        )
     head = [0, kind, fields_at[0].shape[0], size, count, capacity, base, rows, columns]
     return np.array(head + [array.ctypes.data for array in arrays], dtype=np.int64)
 

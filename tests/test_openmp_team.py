@@ -91,14 +91,20 @@ def test_team_arguments_refuse_arrays_the_team_cannot_read():
     good = listed_copies._team_arguments(kind, fields, 5, (runs, windows, 3), 10, 0)
     assert good.tolist()[:9] == [0, kind, 2, 5, 3, 10, 0, 4, 3]
     assert good.shape == (listed_copies._WORDS,)
-    for bad in (
-        (fields, (runs[:, ::2], windows, 2)),  # not C-contiguous
-        (fields, (runs.astype(np.int32), windows, 3)),
-        (fields, (runs, windows, 4)),  # more runs than listed
-        ((fields[0], fields[1], np.zeros(3, dtype=np.int64)), (runs, windows, 3)),
+    for bad, message in (
+        ((fields, (runs[:, ::2], windows, 2), kind), "int64 C-contiguous"),
+        ((fields, (runs.astype(np.int32), windows, 3), kind), "int64 C-contiguous"),
+        ((fields, (runs, windows, 4), kind), "4 to copy, but 3 columns"),
+        ((fields, (runs, windows[:2], 3), kind), "3 to copy, but 3 columns and 2 windows"),
+        ((fields, (runs, windows, -1), kind), "-1 to copy"),
+        (((*fields[:2], np.zeros(3, dtype=np.int64)), (runs, windows, 3), kind), "one entry"),
+        ((fields, (runs, windows, 3), listed_copies._BLOCKS), "table of 4 rows"),
+        ((fields, (runs[:1], windows, 3), kind), "table of 1 rows"),
+        ((fields, (runs, windows, 3), 7), "kind 7"),
     ):
-        with pytest.raises(ValueError, match="listed copies"):
-            listed_copies._team_arguments(kind, bad[0], 5, bad[1], 10, 0)
+        (fields_at, work, which) = bad
+        with pytest.raises(ValueError, match=message):
+            listed_copies._team_arguments(which, fields_at, 5, work, 10, 0)
 
 
 @needs_team
