@@ -177,11 +177,12 @@ def copy_listed(
     left_records, records = block_plan(listed, size, capacity, base, slots)
     threads = 1 if team is None else team
     on_team = threads > 1
-    if parallel and records != batch * size:
-        serial, parallel = np.arange(len(fields)), ()  # some rows are not this call's
+    if on_team or (parallel and records != batch * size):
+        # The team copies every field; else some rows are not this call's.
+        serial, parallel = np.arange(len(fields)), ()
     targets = np.array([out[name].data_ptr() for name in fields], dtype=np.int64)
     everything = targets, addresses, row_bytes
-    if blocks_pay(left_records, batch * size) and (on_team or views is not None or not parallel):
+    if blocks_pay(left_records, batch * size) and (views is not None or not parallel):
         # As a whole-episode gather: blocks (on the team, or the large fields over torch's
         # threads), then the rest over them.
         if on_team:

@@ -280,8 +280,10 @@ class TransitionRing:
 
                 lap = oldest_offset - oldest_offset % self.capacity
                 team = openmp_team.threads(1 if one_thread else torch.get_num_threads())
-                alone = one_thread or team == 1  # team == 1: a forked child's, on this thread
-                split = (np.arange(len(self.fields)), ()) if alone else self._copiers(size, 1)
+                # index_select only without an OpenMP team: a team copies every field itself,
+                # and a forked child's (team == 1) copies on this thread.
+                by_torch = team is None and not one_thread
+                split = self._copiers(size, 1) if by_torch else (np.arange(len(self.fields)), ())
                 plan = self.fields, self._addresses, self._row_bytes, split
                 fits = size <= self.capacity  # else no block of a window fits in the ring
                 views = self._run_views(size, 1) if split[1] and fits else None

@@ -262,12 +262,20 @@ def test_auto_is_shared_locally_and_object_with_codecs():
 # ------------------------------------------------------------------------- torn reads
 @pytest.mark.skipif(not engine.available(), reason="needs numba")
 def test_a_shared_clients_copy_stays_on_its_thread_and_equals_the_object_batch(monkeypatch):
-    """With several torch threads a buffer copies large fields by ``index_select``; a client
-    does not: torch's other threads keep spinning after it, on the cores its shards need."""
+    """With several torch threads a buffer copies on all of them (on torch's OpenMP team, or
+    its large fields by ``index_select``); a client does not: torch's other threads keep
+    spinning after it, on the cores its shards need."""
     listed_copies = pytest.importorskip("lucid_replay.listed_copies")
     calls: list[tuple[str, ...]] = []  # the fields each listed copy leaves to index_select
+    teams: list[int | None] = []  # and the OpenMP team's threads it copies on
     real = listed_copies.copy_listed
-    monkeypatch.setattr(listed_copies, "copy_listed", lambda *a: calls.append(a[3][1]) or real(*a))
+
+    def spy(*args):
+        calls.append(args[3][1])
+        teams.append(args[-1] if len(args) > 10 else None)
+        return real(*args)
+
+    monkeypatch.setattr(listed_copies, "copy_listed", spy)
     window = Window(24, burn_in=8, bootstrap=2)  # 34 records of 256 B: index_select's size
     rng = np.random.default_rng(0)
     episodes = [Episode({"obs": torch.randn(int(n), 64)}) for n in rng.integers(40, 80, 12)]
@@ -280,13 +288,16 @@ def test_a_shared_clients_copy_stays_on_its_thread_and_equals_the_object_batch(m
             replay.extend(episodes)
             batches.append(replay.sample_windows(32, window))
             replay.close()
-        assert calls and not any(calls)
+        assert calls and not any(calls) and all(team in (None, 1) for team in teams)
         buffer = PrioritizedSequenceReplay(2000, seed=1, segment_length=16)
         buffer.extend(episodes)
         buffer.sample_windows(32, window)  # a buffer's own gather of the same runs
     finally:
         torch.set_num_threads(before)
-    assert calls[-1] == ("obs",)
+    if teams[-1] is None:  # torch without an OpenMP team
+        assert calls[-1] == ("obs",)
+    else:
+        assert teams[-1] == 2 and calls[-1] == ()
     _same(*batches)
 
 
